@@ -1,0 +1,60 @@
+// Package locker provides distributed locks with fencing tokens, loss
+// notification and waits without polling, over interchangeable backends, in
+// the way database/sql provides databases.
+//
+// A program imports the drivers it wants for their side effect and opens a
+// Locker by URL:
+//
+//	import (
+//		"github.com/go-locker/locker"
+//		_ "github.com/go-locker/locker/drivers/redis"
+//	)
+//
+//	l, err := locker.OpenURL("redis://127.0.0.1:6379/0")
+//	...
+//	lk, err := l.Acquire(ctx, "nightly-report", locker.WithTTL(10*time.Second))
+//	...
+//	defer lk.Release(context.Background())
+//	// Do the work; stop when <-lk.Lost() fires; pass lk.Token() to the
+//	// resource so it can reject writes from an older holder.
+//
+// Switching backends is a change of URL: mem:// (one process), file:// (one
+// host), redis://, rueidis://, etcd://, postgres://.
+//
+// # Guarantees
+//
+// Every driver passes the suite in package conformance, which checks:
+// mutual exclusion (acquire is atomic); expiry after the TTL and not before;
+// ownership (only the holder can refresh or release, including after its lock
+// expired and was taken by someone else); strictly increasing fencing tokens
+// per key across release, expiry and re-acquire; idempotent acquire by the
+// same owner; prompt return once a context is done, leaving nothing held; keys
+// that never interfere; and Close.
+//
+// On top of every driver this package adds: waiting without polling (see
+// Locker.Acquire), renewal every TTL/3 while a lock is held (WithAutoRenew),
+// and loss detection: Lock.Lost closes, and Do's context is cancelled, when a
+// renewal learns the lock is gone or when the safe local deadline passes
+// without a successful renewal. That deadline is the start of the last
+// successful acquire or renewal on the monotonic clock, plus the TTL, minus a
+// drift allowance of TTL/100 + 2ms, so the holder learns of the loss before
+// the server can grant the key to anyone else.
+//
+// # What no lock can do
+//
+// A process that is paused (garbage collection, swapping, SIGSTOP, a VM
+// migration) for longer than its TTL, or cut off from the lock server but not
+// from the resource, resumes believing it holds the lock for as long as it
+// takes to notice otherwise. Lost closes as soon as the process runs again,
+// but code already past its check acts on. Fencing tokens close that gap only
+// if the protected resource checks them: store the highest token seen and
+// reject requests carrying a lower one. A server whose clock jumps (rather than
+// drifts) shortens or lengthens TTLs by the jump; keep server clocks slewed,
+// not stepped.
+//
+// # Errors
+//
+// Errors are wrapped once, as "locker: op "key": cause", and match ErrNotAcquired,
+// ErrNotHeld, ErrClosed, ErrInvalid, context.Canceled and
+// context.DeadlineExceeded with errors.Is.
+package locker

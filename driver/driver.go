@@ -1,0 +1,184 @@
+// Package driver defines the interfaces a lock backend implements to be used
+// through package locker, in the way database/sql/driver serves database/sql.
+//
+// A backend implements Driver and Locker, the small required set, and
+// registers itself with locker.Register in an init function. Everything users
+// see — waiting, renewal, loss detection, option validation, error wrapping —
+// is built once in package locker on top of these primitives.
+//
+// Optional behaviour is discovered by type assertion on the Locker, as
+// database/sql does: Waiter and BlockingAcquirer make waits event-driven,
+// Inspector reports the current holder, Capable describes TTL limits and
+// token durability, and Pinger checks connectivity.
+//
+// Errors: a Locker returns ErrNotAcquired, ErrNotHeld, ErrClosed and
+// ErrInvalid (possibly wrapped) for the conditions they name; every other
+// error is treated as transient by package locker. Errors should not carry
+// a "locker:" prefix — package locker adds it, once — but should name the
+// backend ("redis: …") where they come from one.
+//
+// This package depends on the standard library only.
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Driver opens lockers for one backend.
+type Driver interface {
+	// Open returns a Locker for the data source name dsn. The dsn is the
+	// driver's own format; every driver in this module takes a URL whose
+	// scheme is the name the driver is registered under, and rejects unknown
+	// query parameters with an error wrapping ErrInvalid.
+	Open(dsn string) (Locker, error)
+}
+
+// Locker is implemented by a backend. It is safe for concurrent use by
+// multiple goroutines. Each method makes one attempt: waiting, retrying and
+// renewal belong to package locker.
+//
+// The owner strings passed in are chosen by package locker (random 128-bit
+// values unless the user sets one); the backend stores them with the lock and
+// compares them on Refresh and Release.
+type Locker interface {
+	// Acquire makes one atomic attempt to take key for owner for ttl. It
+	// returns a fencing token, or ErrNotAcquired if another owner holds key
+	// (a *HeldError, which wraps ErrNotAcquired, is preferred: it tells the
+	// caller when to try again). Acquire by the current owner is idempotent:
+	// it succeeds, resets the ttl and returns the same token, so a retry
+	// after a lost reply is safe.
+	//
+	// The token is strictly greater than the token of every earlier grant of
+	// key: across release, expiry and re-acquire.
+	Acquire(ctx context.Context, key, owner string, ttl time.Duration) (token uint64, err error)
+
+	// Refresh resets the ttl of a lock owner holds, or returns ErrNotHeld and
+	// changes nothing. An expired lock is not revived.
+	Refresh(ctx context.Context, key, owner string, ttl time.Duration) error
+
+	// Release frees a lock owner holds, or returns ErrNotHeld and changes
+	// nothing.
+	Release(ctx context.Context, key, owner string) error
+
+	// Close releases the Locker's resources. It is idempotent; calls after
+	// Close return ErrClosed. Locks still held on the server are left to
+	// expire (package locker releases its own locks before calling Close).
+	Close() error
+}
+
+// Sentinel errors. Package locker exports the same values, so errors.Is
+// matches them across the two layers.
+var (
+	// ErrNotAcquired means the lock is held by another owner.
+	ErrNotAcquired = errors.New("lock is held by another owner")
+	// ErrNotHeld means the caller does not hold the lock (any more).
+	ErrNotHeld = errors.New("lock is not held")
+	// ErrClosed means the Locker has been closed.
+	ErrClosed = errors.New("locker is closed")
+	// ErrInvalid means an argument or a data source name was rejected
+	// before any I/O: an empty or oversized key, a non-positive TTL, a
+	// malformed URL, an unknown query parameter.
+	ErrInvalid = errors.New("invalid argument")
+)
+
+// HeldError is returned by Acquire when another owner holds the key and the
+// backend learned, in the same round trip, how long that owner's lock has
+// left. It wraps ErrNotAcquired.
+type HeldError struct {
+	// Remaining is the holder's remaining TTL as the server saw it; zero or
+	// negative if unknown.
+	Remaining time.Duration
+}
+
+// Error implements error.
+func (e *HeldError) Error() string {
+	if e.Remaining > 0 {
+		return fmt.Sprintf("%s (expires in %v)", ErrNotAcquired, e.Remaining)
+	}
+	return ErrNotAcquired.Error()
+}
+
+// Unwrap returns ErrNotAcquired.
+func (e *HeldError) Unwrap() error { return ErrNotAcquired }
+
+// Waiter is implemented by a Locker that can tell when a key may have become
+// free (Redis pub/sub or client-side-caching invalidation, an etcd watch, a
+// condition variable in memory), so that waiting needs no polling.
+type Waiter interface {
+	// Subscribe starts watching key. From the moment Subscribe returns,
+	// wake receives a value (it is buffered; sends never block) each time
+	// key may have become free: released, expired or deleted. Spurious
+	// wake-ups are allowed; missed ones are not, except across a lost
+	// connection, after which the driver sends one wake-up. cancel ends the
+	// subscription and may be called more than once. Subscribe returns
+	// promptly with ctx.Err() once ctx is done.
+	Subscribe(ctx context.Context, key string) (wake <-chan struct{}, cancel func(), err error)
+}
+
+// BlockingAcquirer is implemented by a Locker whose server can queue the
+// waiters itself (PostgreSQL's lock manager, an etcd queue of waiters).
+type BlockingAcquirer interface {
+	// AcquireWait is Acquire that waits: it blocks on the server until key
+	// is granted to owner or ctx is done, in which case it returns an error
+	// wrapping ctx.Err() and leaves nothing held or queued.
+	AcquireWait(ctx context.Context, key, owner string, ttl time.Duration) (token uint64, err error)
+}
+
+// Info describes the current holder of a key.
+type Info struct {
+	// Owner is the holder's owner string.
+	Owner string
+	// Token is the fencing token of the current grant.
+	Token uint64
+	// Remaining is the TTL the lock has left, as the server sees it.
+	Remaining time.Duration
+}
+
+// Inspector is implemented by a Locker that can report who holds a key.
+type Inspector interface {
+	// Inspect returns the current holder of key, or ErrNotHeld if the key is
+	// free. It does not change anything.
+	Inspect(ctx context.Context, key string) (Info, error)
+}
+
+// Capabilities describes a backend's limits. The zero value means: any
+// positive TTL is honoured exactly, and tokens do not survive a restart of
+// the server.
+type Capabilities struct {
+	// MinTTL is the shortest TTL the backend honours. Package locker rounds
+	// shorter TTLs up to it.
+	MinTTL time.Duration
+	// TTLGranularity is the unit TTLs are rounded up to (etcd: a second).
+	// Zero means the backend keeps any duration.
+	TTLGranularity time.Duration
+	// DurableTokens reports that fencing tokens keep increasing across a
+	// restart of the server that loses all its data.
+	DurableTokens bool
+}
+
+// Capable is implemented by a Locker that reports its Capabilities.
+type Capable interface {
+	Capabilities() Capabilities
+}
+
+// Pinger is implemented by a Locker that can check it reaches its server.
+type Pinger interface {
+	// Ping makes one round trip to the server.
+	Ping(ctx context.Context) error
+}
+
+// RoundTTL applies c to ttl: it raises ttl to MinTTL and rounds it up to a
+// multiple of TTLGranularity. Drivers and package locker use it so that both
+// layers agree on the effective TTL.
+func (c Capabilities) RoundTTL(ttl time.Duration) time.Duration {
+	if ttl < c.MinTTL {
+		ttl = c.MinTTL
+	}
+	if g := c.TTLGranularity; g > 0 && ttl%g != 0 {
+		ttl += g - ttl%g
+	}
+	return ttl
+}

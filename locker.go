@@ -1,0 +1,433 @@
+package locker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-locker/locker/driver"
+)
+
+var (
+	driversMu sync.RWMutex
+	drivers   = map[string]driver.Driver{}
+)
+
+// Register makes a driver available under name, which is also the URL scheme
+// OpenURL maps to it. Drivers call it from an init function. It panics if d is
+// nil, name is empty, or name is already registered.
+func Register(name string, d driver.Driver) {
+	if d == nil {
+		panic("locker: Register driver is nil")
+	}
+	if name == "" {
+		panic("locker: Register with an empty name")
+	}
+	driversMu.Lock()
+	defer driversMu.Unlock()
+	if _, dup := drivers[name]; dup {
+		panic("locker: Register called twice for driver " + name)
+	}
+	drivers[name] = d
+}
+
+// Drivers returns the sorted names of the registered drivers.
+func Drivers() []string {
+	driversMu.RLock()
+	defer driversMu.RUnlock()
+	names := make([]string, 0, len(drivers))
+	for n := range drivers {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Open opens a Locker with the driver registered as driverName; dsn is in the
+// driver's own format (every driver in this module takes a URL). An
+// unregistered name fails with an error that hints at a forgotten import.
+// Errors from the driver are wrapped; a malformed dsn or an unknown query
+// parameter matches ErrInvalid. The dsn itself is never part of an error, so
+// passwords do not leak into logs.
+func Open(driverName, dsn string) (*Locker, error) {
+	driversMu.RLock()
+	d, ok := drivers[driverName]
+	driversMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("locker: unknown driver %q (forgotten import?)", driverName)
+	}
+	dl, err := d.Open(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("locker: open %s: %w", driverName, err)
+	}
+	if dl == nil {
+		return nil, fmt.Errorf("locker: open %s: driver returned no Locker", driverName)
+	}
+	return New(dl), nil
+}
+
+// OpenURL opens a Locker with the driver registered under the URL's scheme,
+// passing it the whole URL: for example "mem://", "redis://host:6379/0",
+// "etcd://h1:2379,h2:2379/prefix" or "postgres://user@host/db". A malformed
+// URL fails with ErrInvalid; an unknown scheme fails with an error that lists
+// the registered drivers.
+func OpenURL(rawURL string) (*Locker, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // the URL itself may hold a password
+		}
+		return nil, fmt.Errorf("locker: malformed URL: %w: %w", ErrInvalid, err)
+	}
+	if u.Scheme == "" {
+		return nil, fmt.Errorf("locker: malformed URL: %w: no scheme (want e.g. mem://, redis://host:6379)", ErrInvalid)
+	}
+	scheme := strings.ToLower(u.Scheme)
+	driversMu.RLock()
+	_, ok := drivers[scheme]
+	driversMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("locker: unknown driver %q for URL scheme (registered: %s; forgotten import?)",
+			scheme, strings.Join(Drivers(), ", "))
+	}
+	return Open(scheme, rawURL)
+}
+
+// Locker hands out locks on one backend. It is safe for concurrent use; one
+// Locker per backend and process is the intended use, as with *sql.DB.
+type Locker struct {
+	drv       driver.Locker
+	caps      driver.Capabilities
+	waiter    driver.Waiter
+	blocking  driver.BlockingAcquirer
+	inspector driver.Inspector
+
+	closing  chan struct{}
+	cleanups sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	held   map[*Lock]struct{}
+	queues map[string]*keyQueue
+}
+
+// New returns a Locker that uses d, for example a driver built from a client
+// the program already has. Optional driver interfaces (driver.Waiter,
+// driver.BlockingAcquirer, driver.Inspector, driver.Capable) are discovered by
+// type assertion. The Locker owns d: Close closes it. New panics if d is nil.
+func New(d driver.Locker) *Locker {
+	if d == nil {
+		panic("locker: New with a nil driver.Locker")
+	}
+	l := &Locker{
+		drv:     d,
+		closing: make(chan struct{}),
+		held:    map[*Lock]struct{}{},
+		queues:  map[string]*keyQueue{},
+	}
+	if c, ok := d.(driver.Capable); ok {
+		l.caps = c.Capabilities()
+	}
+	l.waiter, _ = d.(driver.Waiter)
+	l.blocking, _ = d.(driver.BlockingAcquirer)
+	l.inspector, _ = d.(driver.Inspector)
+	return l
+}
+
+// Driver returns the driver.Locker underneath, for optional interfaces and
+// tests. Calling its Close closes it under the Locker's feet; use Close.
+func (l *Locker) Driver() driver.Locker { return l.drv }
+
+// Capabilities returns what the driver reports about itself: minimum TTL and
+// its granularity, token durability. The zero value if it reports nothing.
+func (l *Locker) Capabilities() driver.Capabilities { return l.caps }
+
+// TryAcquire makes one attempt to take key. It returns ErrNotAcquired if
+// another owner holds it. ctx bounds the attempt only, never the life of the
+// returned lock. The lock is renewed in the background unless
+// WithAutoRenew(false) is given; release it with Lock.Release.
+//
+// Errors: ErrInvalid for an empty key or a bad option (before any I/O),
+// ErrNotAcquired, ErrClosed, ctx.Err() wrapped, or the driver's error.
+func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
+	o, err := l.prepare(key, opts)
+	if err != nil {
+		return nil, wrap(ctx, "acquire", key, err)
+	}
+	lk, _, err := l.attempt(ctx, key, o)
+	return lk, wrap(ctx, "acquire", key, err)
+}
+
+// Acquire takes key, waiting as long as ctx allows while another owner holds
+// it. ctx bounds the wait only, never the life of the returned lock.
+//
+// Waiting does not poll where the driver can do better: it blocks in the
+// server (driver.BlockingAcquirer) or waits for a release notification
+// (driver.Waiter), with a wake-up when the holder's TTL runs out so a crashed
+// holder is taken over promptly. Otherwise it retries with a jittered, capped
+// backoff. Within one Locker only one caller per key waits on the backend at
+// a time; the others queue locally, in order, so a release costs the server
+// O(1) commands whatever the number of waiters.
+//
+// Errors: those of TryAcquire except ErrNotAcquired; when ctx ends first, an
+// error wrapping ctx.Err(); ErrClosed if the Locker is closed meanwhile. A
+// failed or cancelled Acquire leaves nothing held.
+func (l *Locker) Acquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
+	o, err := l.prepare(key, opts)
+	if err != nil {
+		return nil, wrap(ctx, "acquire", key, err)
+	}
+	lk, err := l.acquireWait(ctx, key, o)
+	return lk, wrap(ctx, "acquire", key, err)
+}
+
+// Do takes key (waiting as Acquire does), runs fn, and releases the lock when
+// fn returns or panics. fn's context is cancelled the moment the lock is lost
+// (context.Cause then wraps ErrNotHeld), so fn should stop touching the
+// protected resource when it is done. Do returns fn's error; if the lock was
+// lost while fn ran, the error also matches ErrNotHeld, even when fn returned
+// nil. The release runs with a 5s timeout that ctx's cancellation does not cut
+// short.
+func (l *Locker) Do(ctx context.Context, key string, fn func(context.Context) error, opts ...Option) (err error) {
+	lk, err := l.Acquire(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	stopWatch := make(chan struct{})
+	go func() {
+		select {
+		case <-lk.Lost():
+			cancel(lk.lostCause())
+		case <-stopWatch:
+		}
+	}()
+	finish := func() error {
+		close(stopWatch)
+		cancel(nil)
+		select {
+		case <-lk.Lost():
+			return wrap(nil, "do", key, fmt.Errorf("lock lost while fn ran: %w", lk.lostCause()))
+		default:
+		}
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer rcancel()
+		return lk.Release(rctx)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			_ = finish()
+			panic(r)
+		}
+	}()
+	ferr := fn(fctx)
+	if rerr := finish(); rerr != nil {
+		return errors.Join(ferr, rerr)
+	}
+	return ferr
+}
+
+// Info describes the current holder of a key, as Inspect reports it.
+type Info struct {
+	// Owner is the holder's owner string.
+	Owner string
+	// Token is the fencing token of the current grant.
+	Token uint64
+	// Remaining is the TTL the lock has left, as the server sees it.
+	Remaining time.Duration
+}
+
+// Inspect reports who holds key, without changing anything. It returns
+// ErrNotHeld if the key is free, and an error matching errors.ErrUnsupported
+// if the driver cannot inspect.
+func (l *Locker) Inspect(ctx context.Context, key string) (Info, error) {
+	if err := l.checkKey(key); err != nil {
+		return Info{}, wrap(ctx, "inspect", key, err)
+	}
+	if l.inspector == nil {
+		return Info{}, wrap(ctx, "inspect", key, fmt.Errorf("driver %T cannot inspect: %w", l.drv, errors.ErrUnsupported))
+	}
+	if err := l.checkOpen(); err != nil {
+		return Info{}, wrap(ctx, "inspect", key, err)
+	}
+	in, err := l.inspector.Inspect(ctx, key)
+	if err != nil {
+		return Info{}, wrap(ctx, "inspect", key, err)
+	}
+	return Info(in), nil
+}
+
+// Ping checks that the backend is reachable, where the driver can tell
+// (driver.Pinger); otherwise it only checks that the Locker is open.
+func (l *Locker) Ping(ctx context.Context) error {
+	if err := l.checkOpen(); err != nil {
+		return wrap(ctx, "ping", "", err)
+	}
+	if p, ok := l.drv.(driver.Pinger); ok {
+		return wrap(ctx, "ping", "", p.Ping(ctx))
+	}
+	return nil
+}
+
+// Close releases every lock still held through this Locker (each with a 5s
+// timeout; their Lost channels close, since their holders no longer hold
+// them), makes waiting Acquire calls return ErrClosed, and closes the driver.
+// Close is idempotent: a second call returns nil. Every other method returns
+// ErrClosed afterwards.
+func (l *Locker) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	close(l.closing)
+	held := make([]*Lock, 0, len(l.held))
+	for lk := range l.held {
+		held = append(held, lk)
+	}
+	l.mu.Unlock()
+
+	var wg sync.WaitGroup
+	var errMu sync.Mutex
+	var errs []error
+	for _, lk := range held {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := lk.release(ctx, fmt.Errorf("%w: the Locker was closed", ErrNotHeld))
+			if err != nil && !errors.Is(err, ErrNotHeld) {
+				errMu.Lock()
+				errs = append(errs, wrap(ctx, "close: release", lk.key, err))
+				errMu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	l.cleanups.Wait()
+	if err := l.drv.Close(); err != nil && !errors.Is(err, ErrClosed) {
+		errs = append(errs, fmt.Errorf("locker: close: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+func (l *Locker) checkOpen() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// maxKeyLen bounds keys for every backend; drivers may accept less.
+const maxKeyLen = 4096
+
+func (l *Locker) checkKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalid)
+	}
+	if len(key) > maxKeyLen {
+		return fmt.Errorf("%w: key is %d bytes, the limit is %d", ErrInvalid, len(key), maxKeyLen)
+	}
+	return nil
+}
+
+// prepare validates key and options before any I/O and applies the driver's
+// TTL rounding.
+func (l *Locker) prepare(key string, opts []Option) (options, error) {
+	if err := l.checkKey(key); err != nil {
+		return options{}, err
+	}
+	o, err := buildOptions(opts)
+	if err != nil {
+		return o, err
+	}
+	o.ttl = l.caps.RoundTTL(o.ttl)
+	if o.owner == "" {
+		o.owner = newOwner()
+	}
+	return o, l.checkOpen()
+}
+
+func newOwner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand doc)
+	return hex.EncodeToString(b[:])
+}
+
+// attempt makes one driver Acquire. On success the Lock is tracked and its
+// renewal started. It also returns the holder's remaining TTL when the driver
+// reported it.
+func (l *Locker) attempt(ctx context.Context, key string, o options) (*Lock, time.Duration, error) {
+	start := time.Now()
+	token, err := l.drv.Acquire(ctx, key, o.owner, o.ttl)
+	if err != nil {
+		var held *driver.HeldError
+		if errors.As(err, &held) {
+			return nil, held.Remaining, err
+		}
+		if !errors.Is(err, ErrNotAcquired) && !o.ownerSet {
+			// The reply was lost or the call was cut short: the grant may
+			// have happened. The owner is ours alone, so an owner-checked
+			// release is always safe and leaves nothing behind.
+			l.cleanup(key, o.owner)
+		}
+		return nil, 0, err
+	}
+	lk, err := l.adopt(key, o, token, start)
+	return lk, 0, err
+}
+
+// adopt turns a grant into a tracked Lock and starts its deadline and
+// renewal. start is when the granting call was sent.
+func (l *Locker) adopt(key string, o options, token uint64, start time.Time) (*Lock, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		l.cleanup(key, o.owner)
+		return nil, ErrClosed
+	}
+	lk := newLock(l, key, o, token, start)
+	l.held[lk] = struct{}{}
+	l.mu.Unlock()
+	return lk, nil
+}
+
+// cleanup releases key for owner with its own timeout: in the background,
+// which Close waits for, or in the caller once Close has begun.
+func (l *Locker) cleanup(key, owner string) {
+	run := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = l.drv.Release(ctx, key, owner)
+	}
+	l.mu.Lock()
+	closed := l.closed
+	if !closed {
+		l.cleanups.Add(1)
+	}
+	l.mu.Unlock()
+	if closed {
+		run()
+		return
+	}
+	go func() {
+		defer l.cleanups.Done()
+		run()
+	}()
+}
+
+func (l *Locker) untrack(lk *Lock) {
+	l.mu.Lock()
+	delete(l.held, lk)
+	l.mu.Unlock()
+}

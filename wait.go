@@ -1,0 +1,182 @@
+package locker
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+)
+
+// Waiting policy. With a driver.Waiter the timers below are only a fallback
+// for a lost notification; without one they are the retry schedule.
+const (
+	// backoffMin is the first retry delay without a Waiter.
+	backoffMin = 5 * time.Millisecond
+	// backoffMax caps the retry delay without a Waiter.
+	backoffMax = 500 * time.Millisecond
+	// fallbackMax caps the wait for a notification with a Waiter.
+	fallbackMax = 2 * time.Second
+	// expirySlack is added to the holder's remaining TTL so the retry lands
+	// just after the server expired the key.
+	expirySlack = 2 * time.Millisecond
+)
+
+// keyQueue serialises the callers of one Locker waiting for one key, so that
+// only the one whose turn it is talks to the backend.
+type keyQueue struct {
+	refs int           // guarded by Locker.mu
+	turn chan struct{} // holds a value while some caller has the turn
+	// local is signalled when a lock on this key is released through this
+	// Locker, so the next local waiter need not wait for the server's
+	// notification.
+	local chan struct{}
+
+	// Owned by whoever has the turn.
+	wake   <-chan struct{}
+	cancel func()
+}
+
+func (l *Locker) joinQueue(key string) *keyQueue {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q := l.queues[key]
+	if q == nil {
+		q = &keyQueue{turn: make(chan struct{}, 1), local: make(chan struct{}, 1)}
+		l.queues[key] = q
+	}
+	q.refs++
+	return q
+}
+
+func (l *Locker) leaveQueue(key string, q *keyQueue) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q.refs--
+	if q.refs == 0 {
+		delete(l.queues, key)
+		if q.cancel != nil {
+			q.cancel()
+		}
+	}
+}
+
+// notifyLocal tells a local waiter on key, if any, that the key was just
+// released through this Locker.
+func (l *Locker) notifyLocal(key string) {
+	l.mu.Lock()
+	q := l.queues[key]
+	l.mu.Unlock()
+	if q != nil {
+		select {
+		case q.local <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (l *Locker) acquireWait(ctx context.Context, key string, o options) (*Lock, error) {
+	lk, _, err := l.attempt(ctx, key, o)
+	if err == nil || !errors.Is(err, ErrNotAcquired) {
+		return lk, err
+	}
+
+	q := l.joinQueue(key)
+	defer l.leaveQueue(key, q)
+	select {
+	case q.turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-l.closing:
+		return nil, ErrClosed
+	}
+	defer func() { <-q.turn }()
+
+	if l.blocking != nil {
+		return l.acquireBlocking(ctx, key, o)
+	}
+
+	if l.waiter != nil && q.wake == nil {
+		wake, cancel, err := l.waiter.Subscribe(ctx, key)
+		switch {
+		case err == nil:
+			q.wake, q.cancel = wake, cancel
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		default:
+			// The notification channel is unavailable: fall back to the
+			// backoff schedule rather than fail the wait.
+		}
+	}
+
+	delay := backoffMin
+	for {
+		lk, remaining, err := l.attempt(ctx, key, o)
+		if err == nil || !errors.Is(err, ErrNotAcquired) {
+			return lk, err
+		}
+		wait := delay
+		if q.wake != nil {
+			wait = fallbackMax
+		} else {
+			delay = min(2*delay, backoffMax)
+		}
+		if remaining <= 0 && l.inspector != nil && q.wake == nil {
+			if in, ierr := l.inspector.Inspect(ctx, key); ierr == nil {
+				remaining = in.Remaining
+			}
+		}
+		wait = jitter(wait)
+		if remaining > 0 && remaining+expirySlack < wait {
+			// Wake just after the holder's TTL runs out, so a crashed
+			// holder is taken over at TTL plus a few milliseconds.
+			wait = remaining + expirySlack + rand.N(expirySlack)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-q.wake:
+		case <-q.local:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-l.closing:
+			t.Stop()
+			return nil, ErrClosed
+		}
+		t.Stop()
+	}
+}
+
+// acquireBlocking waits in the server. A Close while waiting cancels the wait.
+func (l *Locker) acquireBlocking(ctx context.Context, key string, o options) (*Lock, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-l.closing:
+			cancel(ErrClosed)
+		case <-ctx.Done():
+		}
+	}()
+	start := time.Now()
+	token, err := l.blocking.AcquireWait(ctx, key, o.owner, o.ttl)
+	if err != nil {
+		if !o.ownerSet && !errors.Is(err, ErrNotAcquired) {
+			l.cleanup(key, o.owner)
+		}
+		if errors.Is(context.Cause(ctx), ErrClosed) {
+			return nil, ErrClosed
+		}
+		return nil, err
+	}
+	return l.adopt(key, o, token, start)
+}
+
+// jitter spreads d over [0.8d, 1.2d) so that waiters in different processes do
+// not retry in lockstep.
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return d*8/10 + rand.N(d*4/10+1)
+}
