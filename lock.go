@@ -226,6 +226,7 @@ func (lk *Lock) lose(cause error, releaseOnServer bool) {
 	lk.mu.Unlock()
 	lk.closeLost(cause)
 	lk.l.untrack(lk)
+	lk.l.notifyLocal(lk.key)
 	if releaseOnServer {
 		lk.l.cleanup(lk.key, lk.owner)
 	}

@@ -30,6 +30,10 @@ type keyQueue struct {
 	// Locker, so the next local waiter need not wait for the server's
 	// notification.
 	local chan struct{}
+	// heldLocally is set when a caller that had the turn was granted the
+	// key, and cleared when that lock ends: the next caller then waits
+	// without a pointless attempt. Guarded by Locker.mu.
+	heldLocally bool
 
 	// Owned by whoever has the turn.
 	wake   <-chan struct{}
@@ -64,14 +68,28 @@ func (l *Locker) leaveQueue(key string, q *keyQueue) {
 // released through this Locker.
 func (l *Locker) notifyLocal(key string) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	q := l.queues[key]
-	l.mu.Unlock()
-	if q != nil {
-		select {
-		case q.local <- struct{}{}:
-		default:
-		}
+	if q == nil {
+		return
 	}
+	q.heldLocally = false
+	select {
+	case q.local <- struct{}{}:
+	default:
+	}
+}
+
+// heldHere reports, and marks, whether the key was last granted to a caller
+// of this Locker that still holds it.
+func (l *Locker) heldHere(q *keyQueue, set bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	was := q.heldLocally
+	if set {
+		q.heldLocally = true
+	}
+	return was
 }
 
 func (l *Locker) acquireWait(ctx context.Context, key string, o options) (*Lock, error) {
@@ -109,11 +127,26 @@ func (l *Locker) acquireWait(ctx context.Context, key string, o options) (*Lock,
 	}
 
 	delay := backoffMin
+	skip := l.heldHere(q, false)
 	for {
-		lk, remaining, err := l.attempt(ctx, key, o)
-		if err == nil || !errors.Is(err, ErrNotAcquired) {
-			return lk, err
+		var (
+			lk        *Lock
+			remaining time.Duration
+			err       error = ErrNotAcquired
+		)
+		if !skip {
+			// Signals that arrived before this attempt are answered by it.
+			drain(q.wake)
+			drain(q.local)
+			lk, remaining, err = l.attempt(ctx, key, o)
+			if err == nil {
+				l.heldHere(q, true)
+			}
+			if err == nil || !errors.Is(err, ErrNotAcquired) {
+				return lk, err
+			}
 		}
+		skip = false
 		wait := delay
 		if q.wake != nil {
 			wait = fallbackMax
@@ -170,6 +203,16 @@ func (l *Locker) acquireBlocking(ctx context.Context, key string, o options) (*L
 		return nil, err
 	}
 	return l.adopt(key, o, token, start)
+}
+
+func drain(ch <-chan struct{}) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
 }
 
 // jitter spreads d over [0.8d, 1.2d) so that waiters in different processes do

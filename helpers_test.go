@@ -1,0 +1,136 @@
+package locker_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/drivers/mem"
+)
+
+var errTransient = errors.New("transient: connection reset")
+
+// faulty wraps a mem Locker and injects faults. Its zero hooks pass through.
+type faulty struct {
+	driver.Locker
+	acquires, refreshes, subscribes atomic.Int64
+
+	mu sync.Mutex
+	// failRefresh, when set, makes Refresh return it without reaching the
+	// server.
+	failRefresh error
+	// lostReply makes Acquire perform the grant and then report
+	// errTransient, as when the reply is lost.
+	lostReply bool
+}
+
+func newFaulty(s *mem.Store) *faulty { return &faulty{Locker: s.Locker()} }
+
+func (f *faulty) setFailRefresh(err error) {
+	f.mu.Lock()
+	f.failRefresh = err
+	f.mu.Unlock()
+}
+
+func (f *faulty) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	f.acquires.Add(1)
+	tok, err := f.Locker.Acquire(ctx, key, owner, ttl)
+	f.mu.Lock()
+	lost := f.lostReply
+	f.mu.Unlock()
+	if err == nil && lost {
+		return 0, errTransient
+	}
+	return tok, err
+}
+
+func (f *faulty) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	f.refreshes.Add(1)
+	f.mu.Lock()
+	err := f.failRefresh
+	f.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return f.Locker.Refresh(ctx, key, owner, ttl)
+}
+
+func (f *faulty) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	return f.Locker.(driver.Inspector).Inspect(ctx, key)
+}
+
+// waiting adds the mem Waiter to a faulty driver, counting subscriptions.
+type waiting struct{ *faulty }
+
+func (w waiting) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	w.subscribes.Add(1)
+	return w.Locker.(driver.Waiter).Subscribe(ctx, key)
+}
+
+// blocking turns a mem Locker into a driver.BlockingAcquirer, as a server
+// with a lock manager would be.
+type blocking struct {
+	*faulty
+	waits atomic.Int64
+}
+
+func (b *blocking) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	b.waits.Add(1)
+	wake, cancel, err := b.Locker.(driver.Waiter).Subscribe(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	defer cancel()
+	for {
+		tok, err := b.Locker.Acquire(ctx, key, owner, ttl)
+		var held *driver.HeldError
+		if !errors.As(err, &held) {
+			return tok, err
+		}
+		t := time.NewTimer(held.Remaining)
+		select {
+		case <-wake:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, ctx.Err()
+		}
+		t.Stop()
+	}
+}
+
+// capable reports capabilities like etcd's.
+type capable struct {
+	driver.Locker
+	caps driver.Capabilities
+}
+
+func (c capable) Capabilities() driver.Capabilities { return c.caps }
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func waitClosed(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		t.Fatalf("%s did not happen within %v", what, d)
+	}
+}
+
+func mustOpen(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatalf("%s", what)
+	default:
+	}
+}
