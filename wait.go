@@ -93,9 +93,13 @@ func (l *Locker) heldHere(q *keyQueue, set bool) bool {
 }
 
 func (l *Locker) acquireWait(ctx context.Context, key string, o options) (*Lock, error) {
-	lk, _, err := l.attempt(ctx, key, o)
-	if err == nil || !errors.Is(err, ErrNotAcquired) {
-		return lk, err
+	// A driver that waits in its server needs no separate first attempt:
+	// AcquireWait returns at once when the key is free.
+	if l.blocking == nil {
+		lk, _, err := l.attempt(ctx, key, o)
+		if err == nil || !errors.Is(err, ErrNotAcquired) {
+			return lk, err
+		}
 	}
 
 	q := l.joinQueue(key)

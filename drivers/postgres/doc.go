@@ -1,0 +1,135 @@
+// Package postgres is the PostgreSQL driver of package locker, on
+// github.com/jackc/pgx/v5: advisory locks with a TTL the server enforces,
+// fencing tokens from a sequence, and waits that block in the server's lock
+// manager. A blank import registers it under the URL schemes "postgres" and
+// "postgresql":
+//
+//	import _ "github.com/go-locker/locker/drivers/postgres"
+//
+//	l, err := locker.OpenURL("postgres://app@db:5432/app?sslmode=verify-full&schema=locks")
+//
+// New adopts a *pgxpool.Pool the program already has:
+//
+//	d, err := postgres.New(ctx, pool, postgres.WithSchema("locks"))
+//	l := locker.New(d)
+//
+// PostgreSQL 14 or later is required (idle_session_timeout).
+//
+// # URL
+//
+//	postgres://[user[:password]@]host[:port][,host2[:port2]...]/database[?param=value&...]
+//
+// Our own parameters, removed before the URL is handed to pgx:
+//
+//   - schema (default "public"): schema of the token sequence
+//     <schema>.locker_token_seq. The schema and the sequence are created if
+//     missing (serialized across processes); a role without CREATE privilege
+//     can use a sequence an administrator created (CACHE 1, NO CYCLE; USAGE
+//     granted).
+//   - namespace (default "locker"): hashed with every key, so that programs
+//     sharing a database do not collide (see AdvisoryKey).
+//
+// pgx's own parameters are accepted: host, port, dbname, user, password,
+// passfile, connect_timeout, sslmode, sslkey, sslcert, sslcertmode,
+// sslrootcert, sslnegotiation, sslpassword, sslsni, krbspn, krbsrvname,
+// target_session_attrs, service, servicefile, min_protocol_version,
+// max_protocol_version, channel_binding, require_auth,
+// statement_cache_capacity, description_cache_capacity,
+// default_query_exec_mode, the pgxpool parameters pool_max_conns (default
+// here DefaultPoolMaxConns = 256, not pgx's 4), pool_min_conns,
+// pool_min_idle_conns, pool_max_conn_lifetime, pool_max_conn_idle_time,
+// pool_health_check_period, pool_max_conn_lifetime_jitter, and the run-time
+// parameters application_name and options. Any other parameter is an error
+// wrapping driver.ErrInvalid (pgx would send it to the server as a setting;
+// use options=-c name=value for that).
+//
+// Open connects at once and checks the server: a read-only standby is
+// refused (ErrStandby: advisory locks there do not coordinate with the
+// primary), so is a connection through a pooler (ErrPooler) and a server
+// older than 14 (ErrServerVersion). A wrong password, a missing database or
+// a full server fail Open with the server's message.
+//
+// # How a lock works
+//
+// Acquire takes a connection from the pool and runs one statement on it:
+// pg_try_advisory_lock(key) (session-level), then, inside the lock,
+// nextval(<schema>.locker_token_seq) for the fencing token, then
+// set_config('idle_session_timeout', TTL) and an application_name of
+// "lk/<token hex>/<ttl ms hex>/<owner>" that publishes the holder. The
+// connection then stays pinned to the lock — it is never returned to the
+// pool while holding it (advisory locks are re-entrant per session, so the
+// next borrower would "hold" it too). Refresh is one statement on the pinned
+// connection, which restarts the server's idle timer and sets the TTL.
+// Release runs pg_advisory_unlock and restores both settings in one
+// statement and returns the connection to the pool; after any error the
+// connection is closed instead, which ends the session and so the lock.
+//
+// The TTL is enforced by the server even when the holder is paused with its
+// TCP connection up: idle_session_timeout terminates a session that has
+// been idle for the TTL, and a session's end frees its locks. The timer
+// starts when the server has answered the holder's last statement, so the
+// lock never ends before TTL after that statement was sent. Measured here
+// (TestExpiryLatency, TestPausedHolder): a waiter blocked in the server is
+// granted the lock 1–20ms after the TTL, the server's timer and backend exit.
+// TTLs are whole milliseconds (rounded up), from 10ms to MaxTTL (about 24.8
+// days).
+//
+// Fencing tokens come from the sequence (CACHE 1, so strictly increasing
+// across sessions), read in the acquire statement after the lock is
+// granted. That statement commits on its own, and its commit flushes the
+// sequence's WAL record before the reply (synchronous_commit is raised to
+// "local" for it if it is off), so tokens keep increasing across expiry,
+// release, crash and restart of the server.
+//
+// Waits (AcquireWait, used by package locker's Acquire) block in the
+// server's lock manager with pg_advisory_lock: a release or expiry grants
+// the lock to the next waiter in the server, with no polling. Cancelling
+// the context sends the server a cancel request, which takes the waiter out
+// of the queue (if the server does not act within 250ms the connection is
+// closed, which also does). The lock_timeout and statement_timeout of the
+// session, if set, only make the wait start over.
+//
+// # Connections
+//
+// Every held lock pins one connection, and so does every waiter blocked in
+// the server (package locker uses one per key per Locker). Size
+// pool_max_conns and the server's max_connections for the number of locks
+// held at once plus waiters. Past max_connections Acquire fails at once with
+// the server's "too many clients" error; past pool_max_conns it waits for a
+// pooled connection until its context is done.
+//
+// PgBouncer and other poolers: not supported. Session-level locks and
+// settings cannot be pinned through transaction pooling, so the driver
+// detects a pooler (the backend pid in the connection handshake differs
+// from pg_backend_pid(), as PgBouncer makes up its own) and refuses with
+// ErrPooler, before any lock is taken. Connect directly to PostgreSQL.
+//
+// # Keys
+//
+// A key maps to the 64-bit advisory key AdvisoryKey(namespace, key): the
+// first 8 bytes of SHA-256(namespace || 0x00 || key). Among n keys in use at
+// once, two collide with probability about n²/2^65 (one in 37 million for a
+// million keys); colliding keys exclude each other but never let two owners
+// hold one key. Advisory locks taken by other programs with
+// pg_advisory_lock(bigint) share the same space; the hash makes a clash
+// with their (usually small) numbers as unlikely as any collision.
+//
+// # Limits
+//
+//   - A lock belongs to the session, so only the Locker that acquired it
+//     can refresh or release it; the same owner string through another
+//     Locker gets driver.ErrNotHeld (and ErrNotAcquired on Acquire).
+//   - A Refresh or Release whose context ends mid-statement closes the
+//     connection, and with it the lock (the error then wraps both the
+//     context's error and driver.ErrNotHeld).
+//   - Inspect and the remaining TTL of driver.HeldError come from
+//     pg_locks and pg_stat_activity. Owners longer than 34 bytes or not
+//     printable ASCII are shown as "#" and a hash prefix to other Lockers.
+//     Roles that cannot see other roles' activity get Remaining 0. While a
+//     lock is held, application_name of its session is the holder record.
+//   - Tokens are as durable as the sequence: a restore of an older backup,
+//     or a failover to an asynchronous replica that had not received the
+//     latest sequence WAL, can hand out a token again.
+//   - A network partition that leaves the server's session up frees the lock
+//     only after the TTL (the idle timer), as for a paused holder.
+package postgres

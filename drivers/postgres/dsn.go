@@ -1,0 +1,132 @@
+package postgres
+
+import (
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+
+	"github.com/go-locker/locker/driver"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultPoolMaxConns is the pool size Open uses when the URL has no
+// pool_max_conns: every held lock pins one connection, and so does every
+// waiter blocked in the server, so the server's max_connections is usually
+// the real limit (past it, Acquire fails at once with the server's "too many
+// clients" error rather than waiting for a pooled connection).
+const DefaultPoolMaxConns = 256
+
+// Our own query parameters, removed from the URL before pgx sees it.
+const (
+	paramSchema    = "schema"
+	paramNamespace = "namespace"
+)
+
+// pgxParams are the query parameters pgx and pgxpool consume themselves.
+// Anything else pgx would send to the server as a run-time setting; we accept
+// only application_name and options (use options=-c name=value for server
+// settings) and reject the rest, so that a typo is an error rather than a
+// silently ignored or misapplied setting.
+var pgxParams = map[string]bool{
+	// pgconn
+	"host": true, "port": true, "database": true, "dbname": true, "user": true, "password": true,
+	"passfile": true, "connect_timeout": true, "sslmode": true, "sslkey": true, "sslcert": true,
+	"sslcertmode": true, "sslrootcert": true, "sslnegotiation": true, "sslpassword": true,
+	"sslsni": true, "krbspn": true, "krbsrvname": true, "target_session_attrs": true,
+	"service": true, "servicefile": true, "min_protocol_version": true, "max_protocol_version": true,
+	"channel_binding": true, "require_auth": true,
+	// pgx
+	"statement_cache_capacity": true, "description_cache_capacity": true, "default_query_exec_mode": true,
+	// pgxpool
+	"pool_max_conns": true, "pool_min_conns": true, "pool_min_idle_conns": true,
+	"pool_max_conn_lifetime": true, "pool_max_conn_idle_time": true,
+	"pool_health_check_period": true, "pool_max_conn_lifetime_jitter": true,
+	// run-time parameters we let through
+	"application_name": true, "options": true,
+}
+
+// config is a parsed data source name.
+type config struct {
+	pool      *pgxpool.Config
+	schema    string
+	namespace string
+}
+
+// parseDSN splits a postgres:// or postgresql:// URL into our parameters and
+// a pgxpool configuration.
+func parseDSN(dsn string) (*config, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: malformed URL: %w", invalid(redact(err)))
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return nil, fmt.Errorf("postgres: URL scheme %q: want postgres:// or postgresql://: %w", u.Scheme, driver.ErrInvalid)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: malformed query: %w", invalid(err))
+	}
+	c := &config{schema: DefaultSchema, namespace: DefaultNamespace}
+	var unknown []string
+	for k, vs := range q {
+		if len(vs) != 1 {
+			return nil, fmt.Errorf("postgres: query parameter %q given %d times: %w", k, len(vs), driver.ErrInvalid)
+		}
+		switch {
+		case k == paramSchema:
+			c.schema = vs[0]
+			delete(q, k)
+		case k == paramNamespace:
+			c.namespace = vs[0]
+			delete(q, k)
+		case !pgxParams[k]:
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return nil, fmt.Errorf("postgres: unknown query parameter(s) %s (server settings go in options=-c name=value): %w",
+			strings.Join(unknown, ", "), driver.ErrInvalid)
+	}
+	if err := checkSchema(c.schema); err != nil {
+		return nil, err
+	}
+	_, hasMax := q["pool_max_conns"]
+	u.RawQuery = q.Encode()
+	pc, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", invalid(err))
+	}
+	if !hasMax {
+		pc.MaxConns = DefaultPoolMaxConns
+	}
+	c.pool = pc
+	return c, nil
+}
+
+func checkSchema(s string) error {
+	if s == "" || len(s) > 63 || strings.ContainsRune(s, 0) {
+		return fmt.Errorf("postgres: schema %q: want 1 to 63 bytes, no NUL: %w", s, driver.ErrInvalid)
+	}
+	return nil
+}
+
+// invalidError wraps a parse error so that errors.Is(err, driver.ErrInvalid)
+// holds while the message stays the parser's.
+type invalidError struct{ err error }
+
+func (e invalidError) Error() string { return e.err.Error() }
+func (e invalidError) Unwrap() []error {
+	return []error{e.err, driver.ErrInvalid}
+}
+
+func invalid(err error) error { return invalidError{err} }
+
+// redact drops the URL (which may hold a password) from url.Parse errors.
+func redact(err error) error {
+	if ue, ok := err.(*url.Error); ok {
+		return fmt.Errorf("%s", ue.Err)
+	}
+	return err
+}

@@ -1,0 +1,291 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/internal/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+const contSignal = syscall.SIGCONT
+
+func ctxFor(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func poolT(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(ctxFor(t, time.Minute), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// holderPID returns the backend pid holding key's advisory lock, or 0.
+func holderPID(t testing.TB, p *pgxpool.Pool, ns, key string) int {
+	t.Helper()
+	adv := AdvisoryKey(ns, key)
+	var pid int
+	err := p.QueryRow(ctxFor(t, 30*time.Second), `SELECT coalesce((SELECT pid FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND classid = $1 AND objid = $2 AND objsubid = 1 LIMIT 1), 0)`,
+		uint32(uint64(adv)>>32), uint32(uint64(adv))).Scan(&pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// waitLost waits for lk.Lost() to close.
+func waitLost(t *testing.T, lk *locker.Lock, limit time.Duration, why string) {
+	t.Helper()
+	select {
+	case <-lk.Lost():
+	case <-time.After(limit):
+		t.Fatalf("%s: Lost() did not fire within %v", why, limit)
+	}
+}
+
+// The holder's backend is terminated: Lost() fires and another owner
+// acquires, with a higher token.
+func TestTerminatedBackend(t *testing.T) {
+	url := serverURL(t)
+	key := fmt.Sprintf("terminate/%d", time.Now().UnixNano())
+	a, b := locker.New(openT(t, url)), locker.New(openT(t, url))
+	ttl := 3 * time.Second
+	lk, err := a.TryAcquire(ctxFor(t, 30*time.Second), key, locker.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := poolT(t, url)
+	pid := holderPID(t, p, DefaultNamespace, key)
+	if pid == 0 {
+		t.Fatal("no backend holds the lock")
+	}
+	var ok bool
+	if err := p.QueryRow(ctxFor(t, 30*time.Second), `SELECT pg_terminate_backend($1)`, pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend: %v %v", ok, err)
+	}
+	// The backend exits asynchronously; its exit frees the lock, long
+	// before the TTL. Acquire waits in the server for that.
+	start := time.Now()
+	lk2, err := b.Acquire(ctxFor(t, 30*time.Second), key, locker.WithTTL(ttl))
+	if el := time.Since(start); err == nil && el > ttl {
+		t.Fatalf("lock freed only %v after pg_terminate_backend (TTL %v)", el, ttl)
+	}
+	if err != nil {
+		t.Fatalf("another owner after pg_terminate_backend: %v", err)
+	}
+	defer lk2.Release(ctxFor(t, 30*time.Second))
+	if lk2.Token() <= lk.Token() {
+		t.Fatalf("token %d after termination is not above %d", lk2.Token(), lk.Token())
+	}
+	// The next renewal (every TTL/3) finds the session gone.
+	waitLost(t, lk, ttl+10*time.Second, "after pg_terminate_backend")
+	if err := lk.Refresh(ctxFor(t, 30*time.Second), ttl); !errors.Is(err, locker.ErrNotHeld) {
+		t.Fatalf("Refresh after termination: %v, want ErrNotHeld", err)
+	}
+}
+
+// A holder process is frozen (SIGSTOP) for longer than the TTL while its TCP
+// connection stays up: the server frees the lock within TTL plus a small
+// bound, another owner acquires, and on resume the old holder learns it lost
+// the lock, with a lower token than the new one.
+func TestPausedHolder(t *testing.T) {
+	url := serverURL(t)
+	key := fmt.Sprintf("paused/%d", time.Now().UnixNano())
+	ttl := time.Second
+	c := startHolderChild(t, url, key, "child-owner", ttl)
+	line := c.expect(t, "ACQUIRED ", 60*time.Second)
+	var childTok uint64
+	if _, err := fmt.Sscanf(line, "ACQUIRED %d", &childTok); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	d := openT(t, url)
+	// The server's clock for the holder: before this Inspect is sent, its
+	// session cannot expire earlier than before+Remaining.
+	before := time.Now()
+	info, err := d.Inspect(ctxFor(t, 30*time.Second), key)
+	if err != nil {
+		t.Fatalf("Inspect: %v", err)
+	}
+	after := time.Now()
+	if info.Owner != "child-owner" || info.Token != childTok || info.Remaining <= 0 || info.Remaining > ttl {
+		t.Fatalf("Inspect = %+v, want owner child-owner, token %d, remaining in (0, %v]", info, childTok, ttl)
+	}
+	tok, err := d.AcquireWait(ctxFor(t, 60*time.Second), key, "parent", 10*time.Second)
+	granted := time.Now()
+	if err != nil {
+		t.Fatalf("AcquireWait: %v", err)
+	}
+	if earliest := before.Add(info.Remaining); granted.Before(earliest) {
+		t.Fatalf("granted %v before the frozen holder's TTL ran out", earliest.Sub(granted))
+	}
+	late := granted.Sub(after.Add(info.Remaining))
+	t.Logf("server freed the frozen holder's lock %v after its TTL (upper estimate)", late)
+	if late > 2*time.Second {
+		t.Fatalf("lock freed %v after the TTL, want within 2s", late)
+	}
+	if tok <= childTok {
+		t.Fatalf("new token %d not above the frozen holder's %d", tok, childTok)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	line = c.expect(t, "LOST ", 60*time.Second)
+	var lostTok uint64
+	var notHeld bool
+	if _, err := fmt.Sscanf(line, "LOST %d notheld=%t", &lostTok, &notHeld); err != nil {
+		t.Fatalf("%q: %v", line, err)
+	}
+	if !notHeld {
+		t.Fatalf("resumed holder's Refresh: %s, want ErrNotHeld", line)
+	}
+	if lostTok >= tok {
+		t.Fatalf("old holder's token %d not below the new %d", lostTok, tok)
+	}
+	if err := d.Release(ctxFor(t, 30*time.Second), key, "parent"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// How fast the server frees an unrenewed lock: the grant to a waiter blocked
+// in the server comes at TTL plus the server's timer and process-exit
+// latency. Lower bound, exact: no grant before the holder's acquire was sent
+// plus TTL. Upper bound, generous: 2s.
+func TestExpiryLatency(t *testing.T) {
+	url := serverURL(t)
+	a, b := openT(t, url), openT(t, url)
+	ttl := 200 * time.Millisecond
+	var lates, lows []time.Duration
+	for i := range 8 {
+		key := fmt.Sprintf("expiry/%d/%d", time.Now().UnixNano(), i)
+		sent := time.Now()
+		if _, err := a.Acquire(ctxFor(t, 30*time.Second), key, "holder", ttl); err != nil {
+			t.Fatal(err)
+		}
+		returned := time.Now()
+		if _, err := b.AcquireWait(ctxFor(t, 30*time.Second), key, "waiter", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		late := time.Since(sent) - ttl
+		if late < 0 {
+			t.Fatalf("granted %v before the TTL", -late)
+		}
+		if late > 2*time.Second {
+			t.Fatalf("granted %v after the TTL", late)
+		}
+		lates = append(lates, late)
+		lows = append(lows, time.Since(returned)-ttl)
+		if err := b.Release(ctxFor(t, 30*time.Second), key, "waiter"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The holder's session went idle between sent and returned, so the true
+	// delay lies between the two measures.
+	slices.Sort(lates)
+	slices.Sort(lows)
+	t.Logf("grant after TTL %v, %d runs: median between %v and %v, max between %v and %v",
+		ttl, len(lates), lows[len(lows)/2], lates[len(lates)/2], lows[len(lows)-1], lates[len(lates)-1])
+}
+
+// The server is restarted (crashed) while locks are held: holders learn
+// they lost them, and tokens keep increasing — also for a grant made just
+// before the crash.
+func TestServerRestart(t *testing.T) {
+	srv := pgtest.Start(t)
+	a, b := locker.New(openT(t, srv.URL())), locker.New(openT(t, srv.URL()))
+	ttl := 2 * time.Second
+	var last uint64
+	for round := range 3 {
+		key := fmt.Sprintf("restart/%d", round)
+		lk := acquireRetry(t, a, key, ttl)
+		if lk.Token() <= last {
+			t.Fatalf("round %d: token %d not above %d", round, lk.Token(), last)
+		}
+		srv.Restart(t)
+		waitLost(t, lk, ttl+10*time.Second, "after a server crash")
+		lk2 := acquireRetry(t, b, key, ttl)
+		if lk2.Token() <= lk.Token() {
+			t.Fatalf("round %d: token %d after restart not above %d", round, lk2.Token(), lk.Token())
+		}
+		last = lk2.Token()
+		if err := lk2.Release(ctxFor(t, 30*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// acquireRetry takes key, retrying errors from connections the restart
+// broke (pooled connections find out on first use).
+func acquireRetry(t *testing.T, l *locker.Locker, key string, ttl time.Duration) *locker.Lock {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		lk, err := l.Acquire(ctxFor(t, 30*time.Second), key, locker.WithTTL(ttl))
+		if err == nil {
+			return lk
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Acquire %q: %v", key, err)
+		}
+	}
+}
+
+// A wait cancelled by its context leaves nothing queued in the server.
+func TestAcquireWaitCancel(t *testing.T) {
+	url := serverURL(t)
+	a, b := openT(t, url), openT(t, url)
+	key := fmt.Sprintf("cancel/%d", time.Now().UnixNano())
+	if _, err := a.Acquire(ctxFor(t, 30*time.Second), key, "holder", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := b.AcquireWait(ctx, key, "waiter", time.Minute)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("AcquireWait: %v, want DeadlineExceeded", err)
+	}
+	if el := time.Since(start); el > 300*time.Millisecond+5*time.Second {
+		t.Fatalf("AcquireWait returned %v after its deadline", el)
+	}
+	p := poolT(t, url)
+	adv := AdvisoryKey(DefaultNamespace, key)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting int
+		if err := p.QueryRow(ctxFor(t, 30*time.Second), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+			AND NOT granted AND classid = $1 AND objid = $2 AND objsubid = 1`,
+			uint32(uint64(adv)>>32), uint32(uint64(adv))).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waiters still queued in the server", waiting)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the server is the check
+	}
+	if err := a.Release(ctxFor(t, 30*time.Second), key, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Acquire(ctxFor(t, 30*time.Second), key, "third", time.Minute); err != nil {
+		t.Fatalf("after the cancelled wait: %v", err)
+	}
+	_ = a.Release(ctxFor(t, 30*time.Second), key, "third")
+}

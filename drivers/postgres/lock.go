@@ -1,0 +1,411 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-locker/locker/driver"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// cancelGrace bounds how long a cancelled AcquireWait waits for the server to
+// act on the cancel request before it closes the connection instead.
+const cancelGrace = 250 * time.Millisecond
+
+// hold is a lock this Locker holds: a pooled connection pinned to it until
+// release, with what is needed to restore the session on release.
+type hold struct {
+	owner   string
+	token   uint64
+	conn    *pgxpool.Conn
+	origIST string // idle_session_timeout before the grant
+	origApp string // application_name before the grant
+}
+
+// call holds the arguments of one acquire, computed once.
+type call struct {
+	key, owner string
+	ttl        time.Duration
+	ttlMS      int64
+	adv        int64
+}
+
+func (l *Locker) newCall(key, owner string, ttl time.Duration) (*call, error) {
+	if key == "" {
+		return nil, fmt.Errorf("postgres: empty key: %w", driver.ErrInvalid)
+	}
+	if owner == "" {
+		return nil, fmt.Errorf("postgres: empty owner: %w", driver.ErrInvalid)
+	}
+	ms, err := ttlMillis(ttl)
+	if err != nil {
+		return nil, err
+	}
+	return &call{key: key, owner: owner, ttl: ttl, ttlMS: ms, adv: AdvisoryKey(l.ns, key)}, nil
+}
+
+// ttlMillis rounds ttl up to whole milliseconds (never down: the lock must
+// not end before its TTL).
+func ttlMillis(ttl time.Duration) (int64, error) {
+	if ttl <= 0 {
+		return 0, fmt.Errorf("postgres: TTL %v: must be positive: %w", ttl, driver.ErrInvalid)
+	}
+	if ttl > MaxTTL {
+		return 0, fmt.Errorf("postgres: TTL %v: longer than %v (idle_session_timeout limit): %w", ttl, MaxTTL, driver.ErrInvalid)
+	}
+	return int64((ttl + time.Millisecond - 1) / time.Millisecond), nil
+}
+
+// Acquire makes one attempt to take key for owner for ttl: a single
+// statement, pg_try_advisory_lock on a connection taken from the pool, that
+// also draws the fencing token from the sequence and arms
+// idle_session_timeout = ttl. On success the connection stays pinned to the
+// lock. If another session holds key it returns a *driver.HeldError (wrapping
+// driver.ErrNotAcquired) with the holder's remaining TTL when the server can
+// tell. Acquire by the current owner through this Locker is a Refresh that
+// returns the same token.
+//
+// Errors wrap driver.ErrInvalid (empty key or owner, ttl ≤ 0 or > MaxTTL),
+// driver.ErrClosed, ctx.Err(), ErrStandby or ErrPooler; a failure leaves
+// nothing held (a connection in doubt is closed, which ends its session).
+func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	return l.acquire(ctx, key, owner, ttl, false)
+}
+
+// AcquireWait is Acquire that blocks in the server's lock manager
+// (pg_advisory_lock) until key is granted or ctx is done. Cancellation sends
+// the server a cancel request, which removes the wait from the lock queue;
+// if the server does not act on it within 250ms the connection is closed,
+// which also ends the wait. A grant that races with cancellation is undone
+// by closing its connection. While it waits it holds one connection.
+//
+// Errors are those of Acquire, except driver.ErrNotAcquired.
+func (l *Locker) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	return l.acquire(ctx, key, owner, ttl, true)
+}
+
+func (l *Locker) acquire(ctx context.Context, key, owner string, ttl time.Duration, wait bool) (uint64, error) {
+	c, err := l.newCall(key, owner, ttl)
+	if err != nil {
+		return 0, err
+	}
+	ctx, done, err := l.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	s := l.getSlot(key)
+	defer l.putSlot(key, s)
+
+	// Idempotent acquire by the current owner: refresh and return the
+	// same token. A hold whose session is gone is dropped and we go on to
+	// a fresh grant.
+	s.mu.Lock()
+	if h := s.h; h != nil && h.owner == owner {
+		err := l.refreshLocked(ctx, s, c)
+		if err == nil {
+			tok := h.token
+			s.mu.Unlock()
+			return tok, nil
+		}
+		if !errors.Is(err, driver.ErrNotHeld) || ctx.Err() != nil {
+			s.mu.Unlock()
+			return 0, l.fail(ctx, "acquire", err)
+		}
+	}
+	s.mu.Unlock()
+
+	for {
+		conn, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return 0, l.fail(ctx, "acquire", connectError(err))
+		}
+		var h *hold
+		var retry bool
+		if wait {
+			h, retry, err = l.waitOn(ctx, conn, c)
+		} else {
+			h, err = l.tryOn(ctx, conn, c)
+		}
+		if retry {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		s.mu.Lock()
+		old := s.h
+		l.setHold(s, h)
+		s.mu.Unlock()
+		if old != nil {
+			// We were granted the lock, so the old holder's session is
+			// gone; drop its connection.
+			destroy(old.conn)
+		}
+		return h.token, nil
+	}
+}
+
+// acquireRow is the result of the acquire statement.
+type acquireRow struct {
+	pooler           bool          // the backend is not the one we connected to
+	granted          bool          // the lock was taken
+	token            uint64        // if granted
+	origIST, origApp string        // if granted: settings to restore on release
+	remaining        time.Duration // if refused: the holder's TTL left, 0 if unknown
+}
+
+func (l *Locker) run(ctx context.Context, conn *pgxpool.Conn, sql string, c *call) (*acquireRow, error) {
+	var (
+		ok                          *bool
+		tok, holderIdle             *int64
+		ist, app, holderApp, hState *string
+		set1, set2, set3            *string
+	)
+	pid := conn.Conn().PgConn().PID()
+	err := conn.QueryRow(ctx, sql, c.adv, int64(pid), strconv.FormatInt(c.ttlMS, 10),
+		strconv.FormatInt(c.ttlMS, 16), ownerTag(c.owner), uint32(uint64(c.adv)>>32), uint32(uint64(c.adv))).
+		Scan(&ok, &tok, &ist, &app, &set1, &set2, &set3, &holderApp, &hState, &holderIdle)
+	if err != nil {
+		return nil, err
+	}
+	r := &acquireRow{}
+	switch {
+	case ok == nil:
+		r.pooler = true
+	case *ok:
+		if tok == nil || *tok <= 0 || ist == nil || app == nil {
+			return nil, errors.New("unexpected reply to the acquire statement")
+		}
+		r.granted = true
+		r.token = uint64(*tok)
+		r.origIST, r.origApp = *ist, *app
+	default:
+		if holderApp != nil && hState != nil && holderIdle != nil {
+			if _, ttlMS, _, ok := parseAppName(*holderApp); ok {
+				rem := time.Duration(ttlMS) * time.Millisecond
+				if *hState == "idle" {
+					rem -= time.Duration(*holderIdle) * time.Millisecond
+				}
+				if rem > 0 {
+					r.remaining = rem
+				}
+			}
+		}
+	}
+	return r, nil
+}
+
+// tryOn runs the non-blocking acquire statement on conn. On a grant conn is
+// pinned in the returned hold; otherwise it goes back to the pool (untouched:
+// nothing in the statement changes the session unless the lock is granted)
+// or, after an error, is closed.
+func (l *Locker) tryOn(ctx context.Context, conn *pgxpool.Conn, c *call) (*hold, error) {
+	r, err := l.run(ctx, conn, l.sql.try, c)
+	if err != nil {
+		destroy(conn)
+		return nil, l.fail(ctx, "acquire", sqlError(err))
+	}
+	if r.pooler {
+		destroy(conn)
+		return nil, ErrPooler
+	}
+	if !r.granted {
+		conn.Release()
+		return nil, &driver.HeldError{Remaining: r.remaining}
+	}
+	return &hold{owner: c.owner, token: r.token, conn: conn, origIST: r.origIST, origApp: r.origApp}, nil
+}
+
+// waitOn runs the blocking acquire statement on conn; see AcquireWait. retry
+// reports that the wait was ended by the session's own lock_timeout or
+// statement_timeout and should be made again on a fresh connection.
+func (l *Locker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call) (h *hold, retry bool, err error) {
+	// The statement runs under a context that ctx does not cancel: pgx's
+	// default reaction to cancellation is to close the socket, which leaves
+	// the backend queued in the lock manager (and later holding the lock)
+	// until it notices. We send a cancel request instead.
+	qctx, qcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer qcancel()
+	pgc := conn.Conn().PgConn()
+	var cancelled atomic.Bool
+	cancelDone := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(cancelDone)
+		cancelled.Store(true)
+		force := time.AfterFunc(cancelGrace, qcancel)
+		defer force.Stop()
+		cctx, ccancel := context.WithTimeout(context.Background(), cancelGrace)
+		defer ccancel()
+		_ = pgc.CancelRequest(cctx)
+		// Do not reuse the connection before the wait has ended.
+		<-qctx.Done()
+	})
+	r, err := l.run(qctx, conn, l.sql.wait, c)
+	qcancel() // lets the AfterFunc return
+	if !stop() {
+		<-cancelDone
+		// ctx is done: whatever happened, drop the session, which ends
+		// a wait still queued and frees a grant that raced the cancel.
+		destroy(conn)
+		return nil, false, l.fail(ctx, "acquire", ctx.Err())
+	}
+	if err != nil {
+		destroy(conn)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014") {
+			return nil, true, nil // lock_timeout or statement_timeout
+		}
+		return nil, false, l.fail(ctx, "acquire", sqlError(err))
+	}
+	if r.pooler {
+		destroy(conn)
+		return nil, false, ErrPooler
+	}
+	if !r.granted {
+		destroy(conn)
+		return nil, false, errors.New("postgres: acquire: blocking lock not granted")
+	}
+	return &hold{owner: c.owner, token: r.token, conn: conn, origIST: r.origIST, origApp: r.origApp}, false, nil
+}
+
+// Refresh resets the TTL of the lock owner holds through this Locker: one
+// statement on the pinned connection, which restarts the server's
+// idle_session_timeout and sets it to ttl. A lock whose session has ended
+// (expired, terminated, server restarted) is not revived: Refresh returns
+// driver.ErrNotHeld. Locks are tied to the session that took them, so
+// Refresh through any other Locker also returns driver.ErrNotHeld.
+//
+// Errors wrap driver.ErrInvalid, driver.ErrNotHeld, driver.ErrClosed or
+// ctx.Err(). If ctx ends while the statement is in flight the connection is
+// closed and the lock ends with it: the error then wraps both ctx.Err() and
+// driver.ErrNotHeld.
+func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	c, err := l.newCall(key, owner, ttl)
+	if err != nil {
+		return err
+	}
+	ctx, done, err := l.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	s := l.peekSlot(key)
+	if s == nil {
+		return notHeld("refresh", key)
+	}
+	defer l.putSlot(key, s)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == nil || s.h.owner != owner {
+		return notHeld("refresh", key)
+	}
+	if err := l.refreshLocked(ctx, s, c); err != nil {
+		return l.failHeld(ctx, "refresh", err)
+	}
+	return nil
+}
+
+// refreshLocked runs the refresh statement on s.h; the caller holds s.mu.
+// If the session is gone it drops the hold and returns an error wrapping
+// driver.ErrNotHeld.
+func (l *Locker) refreshLocked(ctx context.Context, s *slot, c *call) error {
+	h := s.h
+	_, err := h.conn.Exec(ctx, l.sql.refresh, strconv.FormatInt(c.ttlMS, 10), appName(h.token, c.ttlMS, ownerTag(h.owner)))
+	if err == nil {
+		return nil
+	}
+	if h.conn.Conn().IsClosed() {
+		l.setHold(s, nil)
+		destroy(h.conn)
+		return fmt.Errorf("%w: session ended: %w", driver.ErrNotHeld, err)
+	}
+	return err
+}
+
+// Release frees the lock owner holds through this Locker (pg_advisory_unlock
+// and the session's settings restored, in one statement) and returns the
+// connection to the pool. If the lock's session has already ended it returns
+// driver.ErrNotHeld, as it does for an owner that does not hold key here.
+//
+// Errors wrap driver.ErrInvalid, driver.ErrNotHeld, driver.ErrClosed or
+// ctx.Err(). On any failure the connection is closed, so the server frees
+// the lock anyway (at the latest after the TTL if it cannot be reached).
+func (l *Locker) Release(ctx context.Context, key, owner string) error {
+	if key == "" {
+		return fmt.Errorf("postgres: empty key: %w", driver.ErrInvalid)
+	}
+	if owner == "" {
+		return fmt.Errorf("postgres: empty owner: %w", driver.ErrInvalid)
+	}
+	ctx, done, err := l.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	s := l.peekSlot(key)
+	if s == nil {
+		return notHeld("release", key)
+	}
+	defer l.putSlot(key, s)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.h
+	if h == nil || h.owner != owner {
+		return notHeld("release", key)
+	}
+	l.setHold(s, nil)
+	var unlocked bool
+	var ist, app string
+	err = h.conn.QueryRow(ctx, l.sql.release, AdvisoryKey(l.ns, key), h.origIST, h.origApp).Scan(&unlocked, &ist, &app)
+	if err == nil && unlocked {
+		h.conn.Release()
+		return nil
+	}
+	closed := h.conn.Conn().IsClosed()
+	destroy(h.conn)
+	if err == nil {
+		return fmt.Errorf("postgres: release %q: session did not hold the lock: %w", key, driver.ErrNotHeld)
+	}
+	if closed && ctx.Err() == nil {
+		return fmt.Errorf("postgres: release %q: %w: session ended: %w", key, driver.ErrNotHeld, err)
+	}
+	return l.fail(ctx, "release", err)
+}
+
+// failHeld is fail for an operation on a held lock: if ctx ended and the
+// connection was closed, the lock is gone too.
+func (l *Locker) failHeld(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil && errors.Is(err, driver.ErrNotHeld) {
+		return fmt.Errorf("%w (%w)", l.fail(ctx, op, err), driver.ErrNotHeld)
+	}
+	return l.fail(ctx, op, err)
+}
+
+func notHeld(op, key string) error {
+	return fmt.Errorf("postgres: %s %q: %w", op, key, driver.ErrNotHeld)
+}
+
+// sqlError turns server errors that mean a misconfiguration into this
+// package's errors.
+func sqlError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "25006" { // read_only_sql_transaction
+		return fmt.Errorf("%w: %w", ErrStandby, err)
+	}
+	return err
+}
+
+// destroy closes a pooled connection and hands it back, so that the pool
+// discards it: its session, and any lock it holds, ends.
+func destroy(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Conn().Close(ctx)
+	conn.Release()
+}

@@ -1,0 +1,291 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults of the URL parameters and options.
+const (
+	// DefaultSchema is the schema of the token sequence.
+	DefaultSchema = "public"
+	// DefaultNamespace is hashed with every key (see AdvisoryKey).
+	DefaultNamespace = "locker"
+	// OpenTimeout bounds the connection and setup Open does.
+	OpenTimeout = 30 * time.Second
+	// SequenceName is the name of the fencing token sequence in the schema.
+	SequenceName = "locker_token_seq"
+)
+
+// MaxTTL is the longest TTL: idle_session_timeout is a 32-bit number of
+// milliseconds.
+const MaxTTL = time.Duration(math.MaxInt32) * time.Millisecond
+
+// Errors of this driver, besides the sentinels of package driver.
+var (
+	// ErrStandby is returned by Open and New, and by Acquire, when the
+	// server is a read-only standby: advisory locks taken there do not
+	// coordinate with the primary.
+	ErrStandby = errors.New("postgres: server is a read-only standby (in recovery); advisory locks there do not coordinate with the primary: connect to the primary (target_session_attrs=read-write)")
+	// ErrPooler is returned when the connection goes through a pooler such
+	// as PgBouncer: the backend process id the server reports differs from
+	// the one in the connection handshake. Session-level advisory locks and
+	// settings cannot be pinned through a pooler, so the driver refuses.
+	ErrPooler = errors.New("postgres: connection goes through a pooler (PgBouncer?): session-level locks need a direct connection to PostgreSQL")
+	// ErrServerVersion is returned for servers older than PostgreSQL 14,
+	// which lack idle_session_timeout.
+	ErrServerVersion = errors.New("postgres: PostgreSQL 14 or later is required (idle_session_timeout)")
+)
+
+func init() {
+	locker.Register("postgres", Driver{})
+	locker.Register("postgresql", Driver{})
+}
+
+// Driver is the driver.Driver registered as "postgres" and "postgresql".
+type Driver struct{}
+
+// Open calls the package-level Open with a background context bounded by
+// OpenTimeout.
+func (Driver) Open(dsn string) (driver.Locker, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), OpenTimeout)
+	defer cancel()
+	return Open(ctx, dsn)
+}
+
+// Option configures New.
+type Option func(*config)
+
+// WithSchema sets the schema holding the token sequence (default
+// DefaultSchema). It is created if missing.
+func WithSchema(schema string) Option { return func(c *config) { c.schema = schema } }
+
+// WithNamespace sets the namespace hashed with every key (default
+// DefaultNamespace). Lockers coordinate only within one namespace.
+func WithNamespace(ns string) Option { return func(c *config) { c.namespace = ns } }
+
+// Locker is the driver.Locker of this package. It implements
+// driver.BlockingAcquirer, driver.Inspector, driver.Capable and
+// driver.Pinger. It is safe for concurrent use.
+type Locker struct {
+	pool    *pgxpool.Pool
+	ownPool bool
+	ns      string
+	sql     statements
+
+	ctx    context.Context // done once Close begins
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	closed bool
+	ops    sync.WaitGroup
+	slots  map[string]*slot
+}
+
+// slot is the per-key state of a Locker.
+type slot struct {
+	refs int  // guarded by Locker.mu
+	held bool // guarded by Locker.mu: h != nil
+
+	mu sync.Mutex // guards h and serializes use of h.conn
+	h  *hold
+}
+
+// Open connects to the PostgreSQL server named by dsn (see the package
+// documentation for its format), checks the server (not a standby, not
+// behind a pooler, version 14 or later) and creates the schema and token
+// sequence if missing. The pool it creates is closed by Close.
+//
+// Errors wrap driver.ErrInvalid for a malformed URL or an unknown query
+// parameter; ErrStandby, ErrPooler or ErrServerVersion for an unsuitable
+// server; otherwise they carry the server's or pgx's message.
+func Open(ctx context.Context, dsn string) (*Locker, error) {
+	c, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, c.pool)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	l, err := newLocker(ctx, pool, c)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	l.ownPool = true
+	return l, nil
+}
+
+// New adopts a pool the caller already has: it runs the same checks and
+// setup as Open, on ctx. Close does not close the pool. Each held lock and
+// each blocked AcquireWait takes one connection out of the pool until the
+// lock is released (connections are never returned while holding a lock),
+// so size the pool for them plus the application's own use.
+//
+// Errors are those of Open; a nil pool or a bad option wraps
+// driver.ErrInvalid.
+func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Locker, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("postgres: nil pool: %w", driver.ErrInvalid)
+	}
+	c := &config{schema: DefaultSchema, namespace: DefaultNamespace}
+	for _, o := range opts {
+		o(c)
+	}
+	if err := checkSchema(c.schema); err != nil {
+		return nil, err
+	}
+	return newLocker(ctx, pool, c)
+}
+
+func newLocker(ctx context.Context, pool *pgxpool.Pool, c *config) (*Locker, error) {
+	seq, err := setup(ctx, pool, c.schema, c.namespace)
+	if err != nil {
+		return nil, err
+	}
+	l := &Locker{pool: pool, ns: c.namespace, sql: buildStatements(seq), slots: map[string]*slot{}}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	return l, nil
+}
+
+// Capabilities reports a 10ms minimum TTL kept to the millisecond (the unit
+// of idle_session_timeout) and durable tokens (a WAL-logged sequence, made
+// durable before a grant is reported).
+func (l *Locker) Capabilities() driver.Capabilities {
+	return driver.Capabilities{MinTTL: 10 * time.Millisecond, TTLGranularity: time.Millisecond, DurableTokens: true}
+}
+
+// Ping makes one round trip to the server on a pooled connection. It returns
+// driver.ErrClosed after Close.
+func (l *Locker) Ping(ctx context.Context) error {
+	ctx, done, err := l.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := l.pool.Ping(ctx); err != nil {
+		return l.fail(ctx, "ping", err)
+	}
+	return nil
+}
+
+// Close ends every held lock at once by closing its pinned connection (the
+// server then frees the lock; nothing goes back to the pool holding one),
+// aborts waits in progress, and closes the pool if Open created it. It is
+// idempotent; later calls of every method return driver.ErrClosed.
+func (l *Locker) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.mu.Unlock()
+	l.cancel()
+	l.ops.Wait()
+	l.mu.Lock()
+	slots := l.slots
+	l.slots = map[string]*slot{}
+	l.mu.Unlock()
+	for _, s := range slots {
+		s.mu.Lock()
+		if s.h != nil {
+			destroy(s.h.conn)
+			s.h = nil
+		}
+		s.mu.Unlock()
+	}
+	if l.ownPool {
+		l.pool.Close()
+	}
+	return nil
+}
+
+// begin starts an operation: it fails once Close has begun, and returns a
+// context that is also cancelled (with cause driver.ErrClosed) by Close.
+func (l *Locker) begin(ctx context.Context) (context.Context, func(), error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, nil, driver.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		l.mu.Unlock()
+		return nil, nil, fmt.Errorf("postgres: %w", err)
+	}
+	l.ops.Add(1)
+	l.mu.Unlock()
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(l.ctx, func() { cancel(driver.ErrClosed) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+		l.ops.Done()
+	}, nil
+}
+
+// fail wraps err from operation op. When ctx is done it reports why: Close
+// (driver.ErrClosed) or the caller's context.
+func (l *Locker) fail(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil {
+		if cause := context.Cause(ctx); errors.Is(cause, driver.ErrClosed) {
+			return fmt.Errorf("postgres: %s: %w", op, driver.ErrClosed)
+		} else {
+			return fmt.Errorf("postgres: %s: %w", op, cause)
+		}
+	}
+	return fmt.Errorf("postgres: %s: %w", op, err)
+}
+
+// getSlot returns key's slot, creating it, and counts a reference.
+func (l *Locker) getSlot(key string) *slot {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.slots[key]
+	if s == nil {
+		s = &slot{}
+		l.slots[key] = s
+	}
+	s.refs++
+	return s
+}
+
+// peekSlot returns key's slot with a reference, or nil.
+func (l *Locker) peekSlot(key string) *slot {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.slots[key]
+	if s != nil {
+		s.refs++
+	}
+	return s
+}
+
+// putSlot drops a reference; the slot is forgotten once unreferenced and
+// empty.
+func (l *Locker) putSlot(key string, s *slot) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s.refs--
+	if s.refs == 0 && !s.held && l.slots[key] == s {
+		delete(l.slots, key)
+	}
+}
+
+// setHold sets s.h; the caller holds s.mu. (Lock order: slot.mu before
+// Locker.mu, never the reverse.)
+func (l *Locker) setHold(s *slot, h *hold) {
+	s.h = h
+	l.mu.Lock()
+	s.held = h != nil
+	l.mu.Unlock()
+}
