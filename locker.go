@@ -65,7 +65,8 @@ func Open(driverName, dsn string) (*Locker, error) {
 	}
 	dl, err := d.Open(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("locker: open %s: %w", driverName, err)
+		// Drivers name themselves in their errors ("redis: …").
+		return nil, fmt.Errorf("locker: open: %w", err)
 	}
 	if dl == nil {
 		return nil, fmt.Errorf("locker: open %s: driver returned no Locker", driverName)

@@ -1,0 +1,156 @@
+package file
+
+import (
+	"context"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/go-locker/locker"
+	"golang.org/x/sys/unix"
+)
+
+// Benchmarks: one uncontended acquire+release through the driver, through
+// package locker, and as the raw system calls the driver makes (the
+// floor): open+flock+read+write of the lock file, the token counter bump,
+// and open+flock+read+unlink to release.
+//
+//	go test -run '^$' -bench . -benchmem ./drivers/file
+
+func BenchmarkAcquireRelease(b *testing.B) {
+	l, err := Open("file://" + b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := l.Acquire(ctx, "bench", "owner", time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx, "bench", "owner"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkLockerAcquireRelease(b *testing.B) {
+	l, err := locker.OpenURL("file://" + b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		lk, err := l.TryAcquire(ctx, "bench", locker.WithTTL(time.Minute))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkRawSyscalls(b *testing.B) {
+	dir := b.TempDir()
+	path := filepath.Join(dir, fileName("bench"))
+	tokens := filepath.Join(dir, tokenFile)
+	buf := make([]byte, 256)
+	record := []byte("1 1764432000000000 1764432060000000000 \"owner\" \"bench\"\n")
+	lockedOpen := func(p string, flags int) int {
+		fd, err := unix.Open(p, flags|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			b.Fatal(err)
+		}
+		var st1, st2 unix.Stat_t
+		_ = unix.Fstat(fd, &st1)
+		_ = unix.Stat(p, &st2)
+		return fd
+	}
+	b.ReportAllocs()
+	var tok uint64
+	for b.Loop() {
+		fd := lockedOpen(path, unix.O_RDWR|unix.O_CREAT)
+		_, _ = unix.Pread(fd, buf, 0)
+		tf := lockedOpen(tokens, unix.O_RDWR|unix.O_CREAT)
+		_, _ = unix.Pread(tf, buf, 0)
+		tok++
+		_, _ = unix.Pwrite(tf, strconv.AppendUint(buf[:0], tok, 10), 0)
+		_ = unix.Ftruncate(tf, 20)
+		unix.Close(tf)
+		_, _ = unix.Pwrite(fd, record, 0)
+		_ = unix.Ftruncate(fd, int64(len(record)))
+		unix.Close(fd)
+
+		fd = lockedOpen(path, unix.O_RDWR)
+		_, _ = unix.Pread(fd, buf, 0)
+		_ = unix.Unlink(path)
+		unix.Close(fd)
+	}
+}
+
+// BenchmarkRefresh is one renewal of a held lock.
+func BenchmarkRefresh(b *testing.B) {
+	l, err := Open("file://" + b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	if _, err := l.Acquire(ctx, "bench", "owner", time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := l.Refresh(ctx, "bench", "owner", time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkHandoff measures a release in one Locker waking a waiter in
+// another, which then takes the lock: the time per handoff.
+func BenchmarkHandoff(b *testing.B) {
+	dir := b.TempDir()
+	la, err := locker.OpenURL("file://" + dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer la.Close()
+	lb, err := locker.OpenURL("file://" + dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lb.Close()
+	ctx := context.Background()
+	held, err := la.Acquire(ctx, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	lockers := [2]*locker.Locker{la, lb}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		next := make(chan *locker.Lock)
+		go func(l *locker.Locker) {
+			lk, err := l.Acquire(ctx, "bench")
+			if err != nil {
+				panic(err)
+			}
+			next <- lk
+		}(lockers[(i+1)%2])
+		if err := held.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		held = <-next
+		i++
+	}
+	_ = held.Release(ctx)
+}

@@ -1,0 +1,332 @@
+package file
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
+	"golang.org/x/sys/unix"
+)
+
+func init() { locker.Register("file", Driver{}) }
+
+// Driver opens file lockers. It is registered with package locker under the
+// name and URL scheme "file".
+type Driver struct{}
+
+// Open calls package-level Open.
+func (Driver) Open(dsn string) (driver.Locker, error) { return Open(dsn) }
+
+// Limits on what Acquire accepts; longer values fail with driver.ErrInvalid.
+const (
+	// MaxKeyLen is the longest key accepted, in bytes.
+	MaxKeyLen = 64 << 10
+	// MaxOwnerLen is the longest owner string accepted, in bytes.
+	MaxOwnerLen = 1024
+)
+
+// Locker keeps leases in lock files in one directory. It implements
+// driver.Locker, driver.Waiter, driver.Inspector, driver.Capable and
+// driver.Pinger, and is safe for concurrent use. Lockers opened on the same
+// directory, in one process or many, exclude each other.
+type Locker struct {
+	dir       string
+	tokenPath string
+	perm      uint32
+	closed    atomic.Bool
+
+	mu   sync.Mutex
+	subs map[*subscription]struct{}
+}
+
+var (
+	_ driver.Locker    = (*Locker)(nil)
+	_ driver.Waiter    = (*Locker)(nil)
+	_ driver.Inspector = (*Locker)(nil)
+	_ driver.Capable   = (*Locker)(nil)
+	_ driver.Pinger    = (*Locker)(nil)
+)
+
+// Open returns a Locker for dsn, "file://" (the DefaultDir) or
+// "file:///absolute/dir", with the optional query parameter perm (see the
+// package documentation). It creates the directory if it is missing.
+//
+// Errors: a malformed URL or an unknown or bad parameter wraps
+// driver.ErrInvalid; a directory that cannot be created or written, or a
+// default directory that another user owns or can write, fails with the
+// file system's error.
+func Open(dsn string) (*Locker, error) {
+	c, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(c.dir, dirPerm(c.perm)); err != nil {
+		return nil, fmt.Errorf("file: lock directory: %w", err)
+	}
+	if c.defaultDir {
+		if err := checkPrivateDir(c.dir); err != nil {
+			return nil, err
+		}
+	}
+	l := &Locker{
+		dir:       c.dir,
+		tokenPath: filepath.Join(c.dir, tokenFile),
+		perm:      uint32(c.perm),
+		subs:      map[*subscription]struct{}{},
+	}
+	fd, err := unix.Open(l.tokenPath, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, l.perm)
+	if err != nil {
+		return nil, fmt.Errorf("file: lock directory %s is not writable: %w", c.dir, err)
+	}
+	unix.Close(fd)
+	return l, nil
+}
+
+// checkPrivateDir refuses a default directory in a shared temporary
+// directory that someone else could have planted or can write to.
+func checkPrivateDir(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("file: lock directory: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return fmt.Errorf("file: lock directory %s is not a directory", dir)
+	}
+	if int(st.Uid) != os.Getuid() {
+		return fmt.Errorf("file: lock directory %s belongs to uid %d, not to this user (uid %d)", dir, st.Uid, os.Getuid())
+	}
+	if st.Mode&0o022 != 0 {
+		return fmt.Errorf("file: lock directory %s is writable by other users (mode %o)", dir, st.Mode&0o777)
+	}
+	return nil
+}
+
+// Dir returns the directory the Locker keeps its lock files in.
+func (l *Locker) Dir() string { return l.dir }
+
+// Path returns the lock file of key: Dir()/<hash of key>.lck.
+func (l *Locker) Path(key string) string { return filepath.Join(l.dir, fileName(key)) }
+
+// Capabilities reports that any positive TTL is kept exactly (expiry is
+// compared on the host's wall clock) and that tokens survive the loss of the
+// directory's contents (they are floored at the wall clock in microseconds).
+func (l *Locker) Capabilities() driver.Capabilities {
+	return driver.Capabilities{DurableTokens: true}
+}
+
+func (l *Locker) check(ctx context.Context, key, owner string, ttl time.Duration, needTTL bool) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("file: %w: empty key", driver.ErrInvalid)
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("file: %w: key is %d bytes, the limit is %d", driver.ErrInvalid, len(key), MaxKeyLen)
+	case owner == "":
+		return fmt.Errorf("file: %w: empty owner", driver.ErrInvalid)
+	case len(owner) > MaxOwnerLen:
+		return fmt.Errorf("file: %w: owner is %d bytes, the limit is %d", driver.ErrInvalid, len(owner), MaxOwnerLen)
+	case needTTL && ttl <= 0:
+		return fmt.Errorf("file: %w: ttl must be positive, got %v", driver.ErrInvalid, ttl)
+	}
+	if l.closed.Load() {
+		return driver.ErrClosed
+	}
+	return ctxErr(ctx)
+}
+
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("file: %w", err)
+	}
+	return nil
+}
+
+// lockErr turns an error of flockFile into the driver's.
+func lockErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+		return fmt.Errorf("file: %w", cerr)
+	}
+	return fmt.Errorf("file: lock file: %w", err)
+}
+
+// Acquire takes key for owner for ttl in one read-modify-write of the key's
+// lock file under flock. It returns a *driver.HeldError (wrapping
+// driver.ErrNotAcquired) with the holder's remaining TTL if another owner
+// holds key, and the current token, with the TTL reset, if owner does.
+// A ctx that ends first returns an error wrapping ctx.Err() and grants
+// nothing. Bad arguments wrap driver.ErrInvalid; after Close,
+// driver.ErrClosed.
+func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	if err := l.check(ctx, key, owner, ttl, true); err != nil {
+		return 0, err
+	}
+	path := l.Path(key)
+	fd, err := flockFile(ctx, path, unix.LOCK_EX, true, l.perm)
+	if err != nil {
+		return 0, lockErr(ctx, err)
+	}
+	defer unix.Close(fd)
+	r, ok, err := readLease(fd)
+	if err != nil {
+		return 0, err
+	}
+	now := time.Now().UnixNano()
+	if ok && r.held(now) {
+		if r.key != key {
+			return 0, fmt.Errorf("file: key %q collides with key %q in %s", key, r.key, path)
+		}
+		if r.owner != owner {
+			return 0, &driver.HeldError{Remaining: time.Duration(r.expires - now)}
+		}
+		r.expires = now + int64(ttl)
+		if err := writeLease(fd, &r); err != nil {
+			return 0, err
+		}
+		return r.token, nil
+	}
+	fail := func(err error) (uint64, error) {
+		if !ok {
+			// Leave no empty file behind (nobody can see it: we hold the flock).
+			_ = unix.Unlink(path)
+		}
+		return 0, err
+	}
+	if err := ctxErr(ctx); err != nil {
+		return fail(err)
+	}
+	tok, err := l.nextToken(ctx)
+	if err != nil {
+		return fail(lockErr(ctx, err))
+	}
+	r = lease{token: tok, expires: time.Now().UnixNano() + int64(ttl), owner: owner, key: key}
+	if err := writeLease(fd, &r); err != nil {
+		return fail(err)
+	}
+	return tok, nil
+}
+
+// openHeld locks key's file for a change by owner. It returns
+// driver.ErrNotHeld if owner does not hold key.
+func (l *Locker) openHeld(ctx context.Context, key, owner string, ttl time.Duration, needTTL bool) (int, lease, error) {
+	if err := l.check(ctx, key, owner, ttl, needTTL); err != nil {
+		return -1, lease{}, err
+	}
+	fd, err := flockFile(ctx, l.Path(key), unix.LOCK_EX, false, l.perm)
+	if errors.Is(err, unix.ENOENT) {
+		return -1, lease{}, driver.ErrNotHeld
+	}
+	if err != nil {
+		return -1, lease{}, lockErr(ctx, err)
+	}
+	r, ok, err := readLease(fd)
+	if err != nil {
+		unix.Close(fd)
+		return -1, lease{}, err
+	}
+	if !ok || r.key != key || r.owner != owner || !r.held(time.Now().UnixNano()) {
+		if !ok || !r.held(time.Now().UnixNano()) {
+			// No lease in force: remove the stale file (nobody can be
+			// granted it meanwhile, we hold its flock).
+			_ = unix.Unlink(l.Path(key))
+		}
+		unix.Close(fd)
+		return -1, lease{}, driver.ErrNotHeld
+	}
+	return fd, r, nil
+}
+
+// Refresh resets the TTL of the lease owner holds on key. It returns
+// driver.ErrNotHeld, changing nothing, if owner does not hold key, including
+// when its lease expired (an expired lease is never revived). Errors are
+// otherwise those of Acquire.
+func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	fd, r, err := l.openHeld(ctx, key, owner, ttl, true)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := ctxErr(ctx); err != nil {
+		return err
+	}
+	r.expires = time.Now().UnixNano() + int64(ttl)
+	return writeLease(fd, &r)
+}
+
+// Release frees key if owner holds it, by removing its lock file (which
+// wakes waiters). It returns driver.ErrNotHeld, changing nothing, otherwise
+// (a file left by an expired lease is removed: the key was free already).
+// Errors are otherwise those of Acquire.
+func (l *Locker) Release(ctx context.Context, key, owner string) error {
+	fd, _, err := l.openHeld(ctx, key, owner, 0, false)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Unlink(l.Path(key)); err != nil {
+		return fmt.Errorf("file: remove lock file: %w", err)
+	}
+	return nil
+}
+
+// Inspect returns the holder of key, its token and remaining TTL, or
+// driver.ErrNotHeld if key is free. It changes nothing.
+func (l *Locker) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	if err := l.check(ctx, key, "-", 0, false); err != nil {
+		return driver.Info{}, err
+	}
+	fd, err := flockFile(ctx, l.Path(key), unix.LOCK_SH, false, l.perm)
+	if errors.Is(err, unix.ENOENT) {
+		return driver.Info{}, driver.ErrNotHeld
+	}
+	if err != nil {
+		return driver.Info{}, lockErr(ctx, err)
+	}
+	defer unix.Close(fd)
+	r, ok, err := readLease(fd)
+	if err != nil {
+		return driver.Info{}, err
+	}
+	now := time.Now().UnixNano()
+	if !ok || r.key != key || !r.held(now) {
+		return driver.Info{}, driver.ErrNotHeld
+	}
+	return driver.Info{Owner: r.owner, Token: r.token, Remaining: time.Duration(r.expires - now)}, nil
+}
+
+// Ping checks that the lock directory is still there and writable.
+func (l *Locker) Ping(ctx context.Context) error {
+	if l.closed.Load() {
+		return driver.ErrClosed
+	}
+	if err := ctxErr(ctx); err != nil {
+		return err
+	}
+	if err := unix.Access(l.dir, unix.W_OK|unix.X_OK); err != nil {
+		return fmt.Errorf("file: lock directory %s: %w", l.dir, err)
+	}
+	return nil
+}
+
+// Close ends the Locker's subscriptions. Leases it granted stay in force
+// until released by another Locker with the same owner, or until they
+// expire. Close is idempotent; every call after it returns driver.ErrClosed
+// (Close itself returns nil).
+func (l *Locker) Close() error {
+	if l.closed.Swap(true) {
+		return nil
+	}
+	l.mu.Lock()
+	subs := l.subs
+	l.subs = nil
+	l.mu.Unlock()
+	for s := range subs {
+		s.stop(true)
+	}
+	return nil
+}

@@ -1,0 +1,353 @@
+package file
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/go-locker/locker/driver"
+	"golang.org/x/sys/unix"
+)
+
+// Waiting. A release removes the key's lock file, which inotify reports to
+// every process watching the directory; an expiry changes no file, so each
+// subscription also keeps a timer at the current lease's expiry, re-armed
+// whenever the lock file is written (a refresh or a new grant). One inotify
+// instance serves all subscriptions of a process on one directory.
+
+// pollInterval is how often a subscription re-reads the lock file when
+// inotify is unavailable (instance or watch limits reached).
+const pollInterval = 50 * time.Millisecond
+
+// Subscribe implements driver.Waiter. wake receives a value when key's lock
+// file is removed (a release), when the lease in it expires, and on a
+// directory event that may have been missed (an inotify queue overflow).
+// Should inotify be unavailable it falls back to re-reading the lock file
+// every 50ms. Errors: ErrInvalid for an empty key, ErrClosed after Close, and
+// ctx.Err() wrapped.
+func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	if err := l.check(ctx, key, "-", 0, false); err != nil {
+		return nil, nil, err
+	}
+	s := &subscription{
+		l:    l,
+		key:  key,
+		path: l.Path(key),
+		name: fileName(key),
+		wake: make(chan struct{}, 1),
+		poke: make(chan struct{}, 1),
+		done: make(chan struct{}),
+	}
+	s.w = acquireWatcher(l.dir)
+	if s.w != nil {
+		s.w.add(s)
+	}
+	l.mu.Lock()
+	if l.subs == nil {
+		l.mu.Unlock()
+		s.stop(false)
+		return nil, nil, driver.ErrClosed
+	}
+	l.subs[s] = struct{}{}
+	l.mu.Unlock()
+	// Read the lease now, so that anything after Subscribe returns is
+	// measured against it. If the flock is not had in a moment (its holder
+	// is stopped), run reads it later and sends a wake-up then.
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
+	first, known := s.read(sctx)
+	cancel()
+	if err := ctx.Err(); err != nil {
+		s.stop(false)
+		return nil, nil, fmt.Errorf("file: %w", err)
+	}
+	go s.run(first, known)
+	return s.wake, func() { s.stop(false) }, nil
+}
+
+type subscription struct {
+	l          *Locker
+	w          *watcher // nil: polling
+	key, path  string
+	name       string
+	wake, poke chan struct{}
+	done       chan struct{} // closed by stop
+	once       sync.Once
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// stop ends the subscription; final sends one last wake-up (on Close, so a
+// waiter retries and learns the Locker is closed).
+func (s *subscription) stop(final bool) {
+	s.once.Do(func() {
+		close(s.done)
+		if s.w != nil {
+			s.w.remove(s)
+			releaseWatcher(s.w)
+		}
+		s.l.mu.Lock()
+		delete(s.l.subs, s)
+		s.l.mu.Unlock()
+		if final {
+			signal(s.wake)
+		}
+	})
+}
+
+// run keeps a timer at the expiry of the lease in the lock file. last is
+// the lease read when the subscription started, if known.
+func (s *subscription) run(last lease, known bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.done
+		cancel()
+	}()
+	if !known {
+		if last, known = s.read(ctx); !known {
+			return // stopped
+		}
+		signal(s.wake)
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	arm := func(r lease) {
+		if r.owner != "" {
+			timer.Reset(time.Until(time.Unix(0, r.expires)) + 100*time.Microsecond)
+		}
+	}
+	arm(last)
+	var tick <-chan time.Time
+	if s.w == nil {
+		t := time.NewTicker(pollInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-s.done:
+			timer.Stop()
+			return
+		case <-s.poke:
+		case <-timer.C:
+		case <-tick:
+		}
+		r, ok := s.read(ctx)
+		if !ok {
+			return // stopped
+		}
+		// Wake when a lease in force has ended, or (polling) when another
+		// grant came and went between two reads.
+		if last.owner != "" && r.owner == "" || s.w == nil && r.token != last.token {
+			signal(s.wake)
+		}
+		last = r
+		arm(r)
+	}
+}
+
+// read returns the lease in force on the key, or the zero lease. ok is
+// false if ctx ended first.
+func (s *subscription) read(ctx context.Context) (r lease, ok bool) {
+	fd, err := flockFile(ctx, s.path, unix.LOCK_SH, false, s.l.perm)
+	if err != nil {
+		if ctx.Err() != nil {
+			return lease{}, false
+		}
+		if !errors.Is(err, unix.ENOENT) {
+			// Unreadable: say it may be free; the waiter's Acquire will tell.
+			signal(s.wake)
+		}
+		return lease{}, true
+	}
+	defer unix.Close(fd)
+	r, ok, err = readLease(fd)
+	if err != nil || !ok || r.key != s.key || !r.held(time.Now().UnixNano()) {
+		return lease{}, true
+	}
+	return r, true
+}
+
+// watcher is one inotify instance watching one directory for this process.
+type watcher struct {
+	dir  string
+	f    *os.File
+	refs int         // guarded by watchersMu
+	idle *time.Timer // closes the watcher when unused; guarded by watchersMu
+
+	mu   sync.Mutex
+	subs map[string]map[*subscription]struct{}
+}
+
+var (
+	watchersMu sync.Mutex
+	watchers   = map[string]*watcher{}
+)
+
+// watcherLinger is how long an unused watcher is kept for the next
+// subscription.
+const watcherLinger = 5 * time.Second
+
+// noInotify forces polling (tests).
+var noInotify bool
+
+// acquireWatcher returns the directory's watcher, starting it if needed, or
+// nil if inotify cannot be used.
+func acquireWatcher(dir string) *watcher {
+	watchersMu.Lock()
+	defer watchersMu.Unlock()
+	if w := watchers[dir]; w != nil {
+		w.refs++
+		if w.idle != nil {
+			w.idle.Stop()
+			w.idle = nil
+		}
+		return w
+	}
+	if noInotify {
+		return nil
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil
+	}
+	const mask = unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MODIFY | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
+	if _, err := unix.InotifyAddWatch(fd, dir, mask); err != nil {
+		unix.Close(fd)
+		return nil
+	}
+	w := &watcher{dir: dir, f: os.NewFile(uintptr(fd), "inotify"), refs: 1, subs: map[string]map[*subscription]struct{}{}}
+	watchers[dir] = w
+	go w.loop()
+	return w
+}
+
+func releaseWatcher(w *watcher) {
+	watchersMu.Lock()
+	defer watchersMu.Unlock()
+	w.refs--
+	if w.refs > 0 {
+		return
+	}
+	if watchers[w.dir] != w { // replaced after its directory went away
+		go w.f.Close()
+		return
+	}
+	// Keep an idle watcher a while: closing an inotify instance takes the
+	// kernel milliseconds, and the next wait on the directory is likely soon.
+	w.idle = time.AfterFunc(watcherLinger, func() {
+		watchersMu.Lock()
+		defer watchersMu.Unlock()
+		if w.refs == 0 && w.idle != nil {
+			w.idle = nil
+			if watchers[w.dir] == w {
+				delete(watchers, w.dir)
+			}
+			w.f.Close() // ends loop
+		}
+	})
+}
+
+func (w *watcher) add(s *subscription) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	m := w.subs[s.name]
+	if m == nil {
+		m = map[*subscription]struct{}{}
+		w.subs[s.name] = m
+	}
+	m[s] = struct{}{}
+}
+
+func (w *watcher) remove(s *subscription) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.subs[s.name], s)
+	if len(w.subs[s.name]) == 0 {
+		delete(w.subs, s.name)
+	}
+}
+
+// notify delivers an event for name ("" for every subscription): freed
+// sends a wake-up, otherwise the subscription re-reads the lock file.
+func (w *watcher) notify(name string, freed bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	deliver := func(m map[*subscription]struct{}) {
+		for s := range m {
+			if freed {
+				signal(s.wake)
+			}
+			signal(s.poke)
+		}
+	}
+	if name != "" {
+		deliver(w.subs[name])
+		return
+	}
+	for _, m := range w.subs {
+		deliver(m)
+	}
+}
+
+func (w *watcher) loop() {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := w.f.Read(buf)
+		if err != nil {
+			if !errors.Is(err, os.ErrClosed) {
+				w.notify("", true) // cannot watch any more: let waiters re-check
+			}
+			return
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			nameBytes := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+			name := string(trimNUL(nameBytes))
+			switch {
+			case ev.Mask&unix.IN_IGNORED != 0:
+				// The directory is gone or moved: no more events will come.
+				// Later subscriptions start a new watcher.
+				watchersMu.Lock()
+				if watchers[w.dir] == w {
+					delete(watchers, w.dir)
+				}
+				watchersMu.Unlock()
+				w.notify("", true)
+			case ev.Mask&(unix.IN_Q_OVERFLOW|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF) != 0:
+				w.notify("", true)
+			case name == "":
+			case ev.Mask&(unix.IN_DELETE|unix.IN_MOVED_FROM) != 0:
+				w.notify(name, true)
+			case ev.Mask&unix.IN_MODIFY != 0:
+				w.notify(name, false)
+			}
+		}
+	}
+}
+
+func trimNUL(b []byte) []byte {
+	for i, c := range b {
+		if c == 0 {
+			return b[:i]
+		}
+	}
+	return b
+}
