@@ -1,0 +1,356 @@
+package redis
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/internal/redistest"
+)
+
+// seedRelease is the article's compare-and-delete script: the raw client's
+// release, the floor the driver is compared with.
+var seedRelease = goredis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) else return 0 end`)
+
+// BenchmarkAcquireRelease compares, in one run against one server, an
+// uncontended acquire+release through the raw go-redis client (SET NX PX +
+// EVALSHA of the release script: the floor), through the driver (one
+// EVALSHA each way, fencing token and wake-up included), and through
+// package locker.
+func BenchmarkAcquireRelease(b *testing.B) {
+	s := redistest.Start(b)
+	ctx := context.Background()
+
+	b.Run("raw-go-redis", func(b *testing.B) {
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr, MaxRetries: -1, ContextTimeoutEnabled: true, DisableIdentity: true})
+		defer c.Close()
+		if err := seedRelease.Load(ctx, c).Err(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			ok, err := c.SetNX(ctx, "raw", "owner", 30*time.Second).Result()
+			if err != nil || !ok {
+				b.Fatal(ok, err)
+			}
+			if n, err := seedRelease.EvalSha(ctx, c, []string{"raw"}, "owner").Int(); err != nil || n != 1 {
+				b.Fatal(n, err)
+			}
+		}
+	})
+	b.Run("driver", func(b *testing.B) {
+		l := openT(b, s.URL())
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			if _, err := l.Acquire(ctx, "drv", "owner", 30*time.Second); err != nil {
+				b.Fatal(err)
+			}
+			if err := l.Release(ctx, "drv", "owner"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("driver-cancellable-ctx", func(b *testing.B) {
+		l := openT(b, s.URL())
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			if _, err := l.Acquire(cctx, "drvc", "owner", 30*time.Second); err != nil {
+				b.Fatal(err)
+			}
+			if err := l.Release(cctx, "drvc", "owner"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("locker", func(b *testing.B) {
+		l, err := locker.OpenURL(s.URL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Close()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			lk, err := l.TryAcquire(ctx, "lk", locker.WithTTL(30*time.Second))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := lk.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkAcquireReleaseInterleaved runs the floor and the driver
+// alternately in one loop (one op = one acquire+release of each), so that
+// the load of a shared machine hits both equally, and reports the mean of
+// each (raw-ns, driver-ns) and their ratio (driver/raw).
+func BenchmarkAcquireReleaseInterleaved(b *testing.B) {
+	s := redistest.Start(b)
+	ctx := context.Background()
+	c := goredis.NewClient(&goredis.Options{Addr: s.Addr, MaxRetries: -1, ContextTimeoutEnabled: true, DisableIdentity: true})
+	defer c.Close()
+	if err := seedRelease.Load(ctx, c).Err(); err != nil {
+		b.Fatal(err)
+	}
+	l := openT(b, s.URL())
+	var raw, drv time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		t0 := time.Now()
+		if ok, err := c.SetNX(ctx, "raw", "owner", 30*time.Second).Result(); err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+		if n, err := seedRelease.EvalSha(ctx, c, []string{"raw"}, "owner").Int(); err != nil || n != 1 {
+			b.Fatal(n, err)
+		}
+		t1 := time.Now()
+		if _, err := l.Acquire(ctx, "drv", "owner", 30*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx, "drv", "owner"); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		raw += t1.Sub(t0)
+		drv += t2.Sub(t1)
+	}
+	b.ReportMetric(float64(raw.Nanoseconds())/float64(b.N), "raw-ns")
+	b.ReportMetric(float64(drv.Nanoseconds())/float64(b.N), "driver-ns")
+	b.ReportMetric(float64(drv)/float64(raw), "driver/raw")
+}
+
+// BenchmarkRoundTrip is one PING: the unit the handoff is measured in.
+func BenchmarkRoundTrip(b *testing.B) {
+	s := redistest.Start(b)
+	c := goredis.NewClient(&goredis.Options{Addr: s.Addr, DisableIdentity: true})
+	defer c.Close()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// totalCalls sums the calls of every command in INFO commandstats except
+// INFO itself (commands run inside scripts included), and returns the
+// EVALSHA calls (the round trips of the lock protocol) too.
+func totalCalls(b *testing.B, s *redistest.Server) (all, evalsha int64) {
+	v, err := s.Do("INFO", "commandstats")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(v.(string), "\r\n") {
+		name, rest, ok := strings.Cut(line, ":calls=")
+		if !ok || name == "cmdstat_info" {
+			continue
+		}
+		c, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+		n += c
+		if name == "cmdstat_evalsha" {
+			evalsha = c
+		}
+	}
+	return n, evalsha
+}
+
+// BenchmarkHandoff: contenders fight for one key and hold it 5ms each time:
+// 8 (or 2) lockers, each its own locker.Locker as separate processes would
+// be, or 8 goroutines sharing one locker.Locker. One op is one handoff. Reported: handoff-us, the time from the start of the
+// holder's Release to the next holder's grant (to compare with rtt-us, one
+// PING measured in the same run); cmds/handoff, every command the server
+// executed (INFO commandstats) divided by the handoffs.
+func BenchmarkHandoff(b *testing.B) {
+	for _, m := range []struct {
+		name             string
+		redlock          bool
+		lockers, perLock int
+	}{
+		{"8-processes", false, 8, 1},
+		{"1-process-8-waiters", false, 1, 8},
+		{"2-processes", false, 2, 1},
+		{"redlock3-8-processes", true, 8, 1},
+	} {
+		b.Run(m.name, func(b *testing.B) {
+			var servers []*redistest.Server
+			var dsn string
+			if !m.redlock {
+				servers = []*redistest.Server{redistest.Start(b)}
+				dsn = servers[0].URL()
+			} else {
+				servers = redistest.StartN(b, 3)
+				addrs := []string{}
+				for _, s := range servers {
+					addrs = append(addrs, s.Addr)
+				}
+				dsn = urlOf(addrs...) + "?node_timeout=200ms"
+			}
+			benchHandoff(b, servers, dsn, m.lockers, m.perLock, 5*time.Millisecond)
+		})
+	}
+}
+
+// BenchmarkHandoffFloor is the raw go-redis floor of a pub/sub handoff,
+// measured like BenchmarkHandoff: a holder idles 5ms, then runs the release
+// script and PUBLISHes; a waiter blocked in Receive on its own connection
+// takes the key with SET NX PX. One op is one handoff; handoff-us is from
+// the release's start to the waiter's grant.
+func BenchmarkHandoffFloor(b *testing.B) {
+	s := redistest.Start(b)
+	ctx := context.Background()
+	holder := goredis.NewClient(&goredis.Options{Addr: s.Addr, DisableIdentity: true})
+	defer holder.Close()
+	waiter := goredis.NewClient(&goredis.Options{Addr: s.Addr, DisableIdentity: true})
+	defer waiter.Close()
+	ps := waiter.Subscribe(ctx, "floor")
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil { // the subscribe confirmation
+		b.Fatal(err)
+	}
+	if err := seedRelease.Load(ctx, holder).Err(); err != nil {
+		b.Fatal(err)
+	}
+	var sum time.Duration
+	got := make(chan time.Time)
+	go func() {
+		for {
+			if _, err := ps.ReceiveMessage(ctx); err != nil {
+				close(got)
+				return
+			}
+			if err := waiter.SetNX(ctx, "floorkey", "w", 10*time.Second).Err(); err != nil {
+				b.Error(err)
+			}
+			got <- time.Now()
+		}
+	}()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if err := holder.Set(ctx, "floorkey", "h", 10*time.Second).Err(); err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond) // the critical section
+		t0 := time.Now()
+		if err := seedRelease.EvalSha(ctx, holder, []string{"floorkey"}, "h").Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := holder.Publish(ctx, "floor", "1").Err(); err != nil {
+			b.Fatal(err)
+		}
+		sum += (<-got).Sub(t0)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(sum.Nanoseconds())/float64(b.N)/1e3, "handoff-us")
+}
+
+func benchHandoff(b *testing.B, servers []*redistest.Server, dsn string, contenders, perLocker int, hold time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	lockers := make([]*locker.Locker, contenders)
+	for i := range lockers {
+		l, err := locker.OpenURL(dsn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Close()
+		lockers[i] = l
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: servers[0].Addr, DisableIdentity: true})
+	defer c.Close()
+	var rtt time.Duration
+	for range 200 {
+		start := time.Now()
+		if err := c.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		rtt += time.Since(start)
+	}
+	rtt /= 200
+
+	var (
+		grants       atomic.Int64
+		handoffSum   atomic.Int64
+		handoffs     atomic.Int64
+		releasedAt   atomic.Int64 // unix ns of the last release start; 0 = none
+		releaseEnd   atomic.Int64 // unix ns of the last release's return
+		afterSum     atomic.Int64
+		wg           sync.WaitGroup
+		target       = int64(b.N)
+		startCalls   = make([]int64, len(servers))
+		startEvalsha = make([]int64, len(servers))
+		firstErr     atomic.Value
+	)
+	for i, s := range servers {
+		startCalls[i], startEvalsha[i] = totalCalls(b, s)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range contenders * perLocker {
+		l := lockers[i%contenders]
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				lk, err := l.Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
+				if err != nil {
+					if ctx.Err() == nil {
+						firstErr.CompareAndSwap(nil, err)
+						cancel()
+					}
+					return
+				}
+				now := time.Now().UnixNano()
+				if r := releasedAt.Swap(0); r != 0 {
+					handoffSum.Add(now - r)
+					if e := releaseEnd.Load(); e >= r {
+						afterSum.Add(now - e)
+					} // else granted before the release call returned: 0
+					handoffs.Add(1)
+				}
+				n := grants.Add(1)
+				time.Sleep(hold) // the critical section
+				last := n >= target+1
+				releasedAt.Store(time.Now().UnixNano())
+				_ = lk.Release(context.Background())
+				releaseEnd.Store(time.Now().UnixNano())
+				if last {
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if err, _ := firstErr.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	var calls, evalsha int64
+	for i, s := range servers {
+		c, e := totalCalls(b, s)
+		calls += c - startCalls[i]
+		evalsha += e - startEvalsha[i]
+	}
+	h := max(handoffs.Load(), 1)
+	b.ReportMetric(float64(handoffSum.Load())/float64(h)/1e3, "handoff-us")
+	b.ReportMetric(float64(afterSum.Load())/float64(h)/1e3, "after-release-us")
+	b.ReportMetric(float64(rtt.Nanoseconds())/1e3, "rtt-us")
+	b.ReportMetric(float64(evalsha)/float64(h), "evalsha/handoff")
+	b.ReportMetric(float64(calls)/float64(h), "cmds/handoff")
+}

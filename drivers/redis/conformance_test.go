@@ -1,0 +1,113 @@
+package redis
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/go-locker/locker/conformance"
+	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/redistest"
+)
+
+func urlOf(addrs ...string) string { return "redis://" + strings.Join(addrs, ",") }
+
+func withParams(dsn string, params ...string) string {
+	for _, p := range params {
+		if strings.Contains(dsn, "?") {
+			dsn += "&" + p
+		} else {
+			dsn += "?" + p
+		}
+	}
+	return dsn
+}
+
+// openHarness returns a Harness that opens a fresh Locker on dsn per call.
+func openHarness(dsn string, minTTL time.Duration) conformance.Harness {
+	return conformance.Harness{
+		Open: func(ctx context.Context) (driver.Locker, error) {
+			l, err := Open(dsn)
+			if err != nil {
+				return nil, err
+			}
+			return l, nil
+		},
+		MinTTL: minTTL,
+	}
+}
+
+func openT(t testing.TB, dsn string) *Locker {
+	t.Helper()
+	l, err := Open(dsn)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", dsn, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func TestConformanceSingle(t *testing.T) {
+	s := redistest.Start(t)
+	conformance.Run(t, openHarness(urlOf(s.Addr), 0))
+}
+
+// A Locker on an adopted client (New) passes the same suite.
+func TestConformanceAdopted(t *testing.T) {
+	s := redistest.Start(t)
+	conformance.Run(t, conformance.Harness{
+		Open: func(ctx context.Context) (driver.Locker, error) {
+			cl := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+			l, err := New(cl, Options{MaxKeyLen: 4096})
+			if err != nil {
+				cl.Close()
+				return nil, err
+			}
+			return &closeBoth{l, cl}, nil
+		},
+	})
+}
+
+// closeBoth closes the adopted client after the Locker, as its owner would.
+type closeBoth struct {
+	*Locker
+	cl redis.UniversalClient
+}
+
+func (c *closeBoth) Close() error {
+	err := c.Locker.Close()
+	c.cl.Close()
+	return err
+}
+
+func TestConformanceRedlock(t *testing.T) {
+	ms := redistest.StartN(t, 5)
+	addrs := make([]string, len(ms))
+	for i, m := range ms {
+		addrs[i] = m.Addr
+	}
+	// node_timeout 200ms: generous for a loaded machine under -race.
+	dsn := withParams(urlOf(addrs...), "node_timeout=200ms")
+	l := openT(t, dsn)
+	conformance.Run(t, openHarness(dsn, l.Capabilities().MinTTL))
+}
+
+func TestConformanceCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	conformance.Run(t, openHarness(urlOf(c.Addrs()...)+"?cluster=true", 0))
+}
+
+func TestConformanceSentinel(t *testing.T) {
+	sn := redistest.StartSentinel(t)
+	conformance.Run(t, openHarness(urlOf(sn.Sentinel.Addr)+"?sentinel_master="+sn.Name, 0))
+}
+
+// rediss:// against a TLS-only server (self-signed certificate, so the
+// check is skipped with insecure_skip_verify=true).
+func TestConformanceTLS(t *testing.T) {
+	s := redistest.StartTLS(t)
+	conformance.Run(t, openHarness("rediss://"+s.Addr+"?insecure_skip_verify=true", 0))
+}

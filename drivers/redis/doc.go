@@ -1,0 +1,132 @@
+// Package redis is the locker driver for Redis on github.com/redis/go-redis/v9:
+// a single server, a Redis Cluster, a Sentinel-managed master, or Redlock over
+// several independent masters. It registers the URL schemes "redis" and
+// "rediss" (TLS), so a blank import is all a program needs:
+//
+//	import _ "github.com/go-locker/locker/drivers/redis"
+//
+//	l, err := locker.OpenURL("redis://:password@127.0.0.1:6379/0")
+//
+// New and NewRedlock adopt go-redis clients the program already has.
+//
+// # URL
+//
+//	redis[s]://[[username]:password@]host[:port][,host[:port]...][/db][?param=value&...]
+//
+// The port defaults to 6379, the host list to 127.0.0.1:6379, db to 0. What
+// the host list means depends on the parameters:
+//
+//   - one host: a single server;
+//   - cluster=true: seed nodes of a Redis Cluster (db must be 0);
+//   - sentinel_master=name: Sentinel addresses; the driver follows the
+//     master the sentinels name;
+//   - several hosts and neither: Redlock over independent masters (use 3 or
+//     5; with 2 the quorum is 2 and no node may fail).
+//
+// Query parameters (an unknown parameter, one given twice, or a malformed
+// value is an error wrapping driver.ErrInvalid):
+//
+//	cluster=false             hosts are Cluster seed nodes
+//	sentinel_master=          name of the master the sentinels monitor
+//	sentinel_username=        ACL user for the sentinels (needs sentinel_master)
+//	sentinel_password=        password for the sentinels (needs sentinel_master)
+//	allow_replica=false       accept a replica (single-node and Redlock URLs)
+//	insecure_skip_verify=false  rediss only: do not verify the server certificate
+//	client_name=              CLIENT SETNAME for every connection
+//	dial_timeout=5s           connecting, handshake included
+//	read_timeout=3s           reading one reply (a call's ctx deadline, if earlier, wins)
+//	write_timeout=3s          writing one command (idem)
+//	pool_size=                connections per node (go-redis default: 10 per CPU)
+//	prefix=locker             key prefix (no braces)
+//	node_timeout=100ms        Redlock: bound of each call to one node
+//	drift_factor=0.01         Redlock: clock drift allowance per unit of TTL, in (0, 0.5)
+//	max_key_len=4096          longest key accepted, in bytes
+//	token_retention=10m       how long a fencing-token counter outlives its lock
+//
+// cluster=true together with sentinel_master is an error.
+//
+// Open checks the deployment with one round trip (bounded by dial_timeout +
+// read_timeout) and fails with an error naming the address and the cause:
+// "server unreachable", "authentication failed", "TLS handshake failed",
+// "no valid Redis reply (is this a Redis server? …)". For single-node and Redlock URLs it runs ROLE and
+// refuses a replica (an error wrapping driver.ErrInvalid), since a lock
+// written to a replica is refused or lost; allow_replica=true skips that.
+// A Redlock URL opens when a quorum of its nodes answers.
+//
+// # Keys, round trips, tokens
+//
+// A key k is stored at "<prefix>:{k}" with the value "<token>:<owner>"; its
+// fencing-token counter is "<prefix>:{k}:token", in the same Cluster slot
+// (keys containing braces are hashed into the tag), so no script ever fails
+// with CROSSSLOT. Acquire, Refresh, Release and Inspect are one EVALSHA each
+// (scripts are loaded by EVAL on NOSCRIPT, then run by SHA). Acquire is SET
+// NX PX plus the token; a held key answers with the holder's PTTL, which
+// package locker uses to wake exactly when a crashed holder's lock expires.
+// Refresh compares the owner and PEXPIREs, never reviving an expired key.
+// Release compares the owner, DELetes and PUBLISHes on the channel
+// "<prefix>:{k}".
+//
+// Tokens are max(counter+1, server TIME in microseconds). They strictly
+// increase per key across release, expiry and re-acquire; they keep
+// increasing when the counter key is lost or the server restarts empty, and
+// after a failover to a replica that missed the last writes, provided the
+// server clocks never step back (or disagree) by more than token_retention;
+// counters of idle keys expire after ttl + token_retention, so they do not
+// pile up. Capabilities reports DurableTokens under that assumption.
+//
+// # Waiting
+//
+// Locker implements driver.Waiter with pub/sub: one connection per server,
+// opened on the first wait and shared by every key and every waiter of the
+// Locker; one SUBSCRIBE per key however many goroutines wait for it; a
+// subscription counts only once its confirmation was read back. A lost
+// connection wakes every waiter, and again after go-redis resubscribed. The
+// release script's PUBLISH wakes waiters within a round trip; an expired
+// (crashed) holder is noticed through the PTTL returned by Acquire.
+//
+// # Redlock
+//
+// With several hosts, each call goes to every master in parallel, each bounded
+// by node_timeout. A grant needs N/2+1 masters and is valid only if
+// ttl − elapsed − (ttl×drift_factor + 2ms) > 0; a failed attempt is released
+// on every master (also those that did not answer), and the caller retries
+// after the holders' expiry or a random delay (split vote). To keep
+// concurrent contenders from splitting the vote, all of them first try the
+// same master, chosen by a hash of the key; only its winner goes on to the
+// others (all go on when that master does not answer). Refresh counts only
+// when a quorum refreshed. Tokens: the maximum of the quorum's tokens,
+// written back to the quorum before Acquire returns (a second round trip),
+// so any later grant, whose quorum intersects this one, gets a larger
+// token; see rediscore.Redlock for the exact argument and its assumption
+// (no master of the intersection lost its data, or clocks agree). The
+// minimum TTL is 3 × node_timeout.
+//
+// When to use Redlock: to keep locking available while a minority of Redis
+// masters is down, when the protected work tolerates the rare double grant.
+// When not to: Kleppmann's critique ("How to do distributed locking", 2016)
+// holds — Redlock's safety rests on bounded network delay, bounded process
+// pauses and bounded clock drift; a GC pause or a clock jump longer than the
+// validity lets two clients believe they hold the lock. No lock service
+// fixes that alone; fencing does: pass Lock.Token() to the protected
+// resource and have it reject a token lower than one it has already seen.
+// Redis tokens are monotonic under the assumptions above; if you need
+// tokens that are safe without clock assumptions, use etcd (revisions) or
+// PostgreSQL.
+//
+// # Limits
+//
+//   - A single server or Sentinel master is a single point of truth: with
+//     asynchronous replication a failover can lose a granted lock (the new
+//     master never saw it), so two holders may coexist until the first one's
+//     renewal fails. Fencing tokens still increase (TIME floor).
+//   - TTLs are kept in milliseconds; the minimum is 10ms (Redlock: 3 ×
+//     node_timeout).
+//   - Keys are at most max_key_len bytes (default 4096).
+//   - Retries are disabled in the clients Open builds (a retried release
+//     could report ErrNotHeld for a lock it did free); adopted clients
+//     should set MaxRetries: -1 too, and ContextTimeoutEnabled: true.
+//   - A silently dead pub/sub connection (no RST) is not detected by the
+//     driver; the waiter then falls back to package locker's timers.
+//   - Requires Redis 5.0 or later (the acquire script calls TIME before
+//     writing, which needs effects replication); tested with Redis 7.0.
+package redis

@@ -1,0 +1,18 @@
+package redis
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+func TestMain(m *testing.M) {
+	goredis.SetLogger(quietLogger{}) // dial failures to killed servers are expected
+	os.Exit(m.Run())
+}

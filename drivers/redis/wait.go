@@ -1,0 +1,217 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/go-locker/locker/internal/rediscore"
+)
+
+// subscriber is the driver.Waiter machinery for one go-redis client: one
+// PubSub connection, opened on the first wait and shared by every key and
+// every local waiter (a rediscore.Hub fans messages out), with channels
+// added and removed as waits start and end. The release script publishes
+// on the key's channel.
+//
+// A SUBSCRIBE counts as effective only once its confirmation has been read
+// back, so a release that happens after Subscribe returned is never missed.
+// When the connection drops, every waiter is woken at once, and each
+// channel's waiters once more when go-redis has resubscribed it.
+type subscriber struct {
+	client redis.UniversalClient
+	hub    *rediscore.Hub
+
+	mu      sync.Mutex
+	ps      *redis.PubSub
+	closed  bool
+	pending map[string]int             // SUBSCRIBEs sent, confirmations not yet read
+	waiters map[string][]chan struct{} // closed when pending drops to zero
+	done    chan struct{}              // closed by close; ends the receive loop
+	loopEnd chan struct{}              // closed when the receive loop returns
+}
+
+func newSubscriber(c redis.UniversalClient) *subscriber {
+	s := &subscriber{client: c, pending: map[string]int{}, waiters: map[string][]chan struct{}{}, done: make(chan struct{})}
+	s.hub = rediscore.NewHub(s.subscribe, s.unsubscribe)
+	return s
+}
+
+// subscribe is the Hub's subscribe: SUBSCRIBE channel, then wait for the
+// confirmation or ctx.
+func (s *subscriber) subscribe(ctx context.Context, channel string) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return rediscore.ErrHubClosed
+	}
+	if s.ps == nil {
+		s.ps = s.client.Subscribe(context.WithoutCancel(ctx))
+		s.loopEnd = make(chan struct{})
+		go s.loop(s.ps)
+	}
+	ps := s.ps
+	ready := make(chan struct{})
+	s.pending[channel]++
+	s.waiters[channel] = append(s.waiters[channel], ready)
+	s.mu.Unlock()
+
+	err := ps.Subscribe(ctx, channel)
+	if err == nil {
+		select {
+		case <-ready:
+			return nil
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-s.done:
+			err = rediscore.ErrHubClosed
+		}
+	}
+	s.abandon(channel, ready)
+	if ctx.Err() != nil {
+		return fmt.Errorf("redis: subscribe: %w", ctx.Err())
+	}
+	return fmt.Errorf("redis: subscribe: %w", err)
+}
+
+// abandon forgets a SUBSCRIBE whose caller gave up; its confirmation, if it
+// comes, is then treated as a resubscription (a spurious wake-up).
+func (s *subscriber) abandon(channel string, ready chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ws := s.waiters[channel]
+	for i, w := range ws {
+		if w == ready {
+			s.waiters[channel] = append(ws[:i:i], ws[i+1:]...)
+			if s.pending[channel] > 0 {
+				s.pending[channel]--
+			}
+			break
+		}
+	}
+	if len(s.waiters[channel]) == 0 {
+		delete(s.waiters, channel)
+		delete(s.pending, channel)
+	}
+}
+
+// unsubscribe is the Hub's unsubscribe (called with the Hub's lock held).
+func (s *subscriber) unsubscribe(channel string) {
+	s.mu.Lock()
+	ps := s.ps
+	s.mu.Unlock()
+	if ps != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultWriteTimeout)
+		defer cancel()
+		_ = ps.Unsubscribe(ctx, channel)
+	}
+}
+
+// confirmed handles a "subscribe" confirmation.
+func (s *subscriber) confirmed(channel string) {
+	s.mu.Lock()
+	if s.pending[channel] > 0 {
+		s.pending[channel]--
+		if s.pending[channel] == 0 {
+			for _, w := range s.waiters[channel] {
+				close(w)
+			}
+			delete(s.waiters, channel)
+			delete(s.pending, channel)
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	// A resubscription after a reconnect: a release may have been missed.
+	s.hub.Wake(channel)
+}
+
+// lost handles a dropped connection: go-redis reconnects and resubscribes
+// every channel, so each channel still waiting for a confirmation expects
+// exactly one more.
+func (s *subscriber) lost() {
+	s.mu.Lock()
+	for ch := range s.pending {
+		if len(s.waiters[ch]) > 0 {
+			s.pending[ch] = 1
+		} else {
+			delete(s.pending, ch)
+		}
+	}
+	s.mu.Unlock()
+	s.hub.WakeAll()
+}
+
+func (s *subscriber) loop(ps *redis.PubSub) {
+	defer close(s.loopEnd)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	backoff := time.Millisecond
+	for {
+		msg, err := ps.Receive(ctx)
+		if err != nil {
+			select {
+			case <-s.done:
+				return
+			default:
+			}
+			if errors.Is(err, redis.ErrClosed) {
+				return
+			}
+			s.lost()
+			// Receive reconnects on its next call; do not spin while the
+			// server is down.
+			select {
+			case <-s.done:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = time.Millisecond
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				s.confirmed(m.Channel)
+			}
+		case *redis.Message:
+			s.hub.Wake(m.Channel)
+		}
+	}
+}
+
+// Subscribe registers wake for channel (see rediscore.Hub.Subscribe).
+func (s *subscriber) Subscribe(ctx context.Context, channel string, wake chan<- struct{}) (func(), error) {
+	return s.hub.Subscribe(ctx, channel, wake)
+}
+
+// close ends the subscription machinery; waiters are woken once.
+func (s *subscriber) close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	close(s.done)
+	ps, end := s.ps, s.loopEnd
+	s.mu.Unlock()
+	s.hub.Close()
+	if ps != nil {
+		_ = ps.Close()
+		<-end
+	}
+}

@@ -1,0 +1,71 @@
+package rediscore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/go-locker/locker/driver"
+)
+
+// Conn is one Redis deployment (a single node, a Cluster, or a
+// Sentinel-managed master) as the scripts see it. Each driver implements it
+// for its client.
+type Conn interface {
+	// Run executes s by EVALSHA, falling back to EVAL (which also loads the
+	// script) on NOSCRIPT. Replies are converted to int64, string, []any
+	// (nested) or nil (for a nil reply). Errors wrap ctx.Err() once ctx is
+	// done.
+	Run(ctx context.Context, s *Script, keys []string, args ...string) (any, error)
+	// Ping makes one round trip.
+	Ping(ctx context.Context) error
+	// Close closes the client if the Conn owns it (not when it adopted a
+	// user's client).
+	Close() error
+}
+
+// ctxErr returns an error wrapping ctx.Err() when ctx is done, so callers
+// see errors.Is(err, context.Canceled/DeadlineExceeded) even when the client
+// reported the cancellation in its own words.
+func ctxErr(ctx context.Context, op string, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		if err == nil || err == cerr {
+			return fmt.Errorf("redis: %s: %w", op, cerr)
+		}
+		return fmt.Errorf("redis: %s: %w (%v)", op, cerr, err)
+	}
+	return fmt.Errorf("redis: %s: %w", op, err)
+}
+
+// parseToken converts a token reply (bulk string or integer) to uint64.
+func parseToken(v any) (uint64, error) {
+	switch x := v.(type) {
+	case string:
+		n, err := strconv.ParseUint(x, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("redis: malformed token %q", x)
+		}
+		return n, nil
+	case int64:
+		if x < 0 {
+			return 0, fmt.Errorf("redis: malformed token %d", x)
+		}
+		return uint64(x), nil
+	}
+	return 0, fmt.Errorf("redis: unexpected token reply %T", v)
+}
+
+func asInt(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int64:
+		return x, true
+	case string:
+		n, err := strconv.ParseInt(x, 10, 64)
+		return n, err == nil
+	}
+	return 0, false
+}
+
+// ErrHubClosed is returned by Hub.Subscribe after Hub.Close. It wraps
+// driver.ErrClosed.
+var ErrHubClosed = fmt.Errorf("redis: subscription hub closed: %w", driver.ErrClosed)

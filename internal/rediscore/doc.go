@@ -1,0 +1,42 @@
+// Package rediscore is the Redis locking logic shared by drivers/redis
+// (go-redis) and drivers/rueidis: the Lua scripts, key naming, the
+// single-deployment Node, the Redlock quorum logic and a subscription Hub.
+// Each driver implements Conn for its client and is otherwise a thin adapter.
+//
+// # Keys and values
+//
+// A user key k maps to the lock key "<prefix>:{k}", the token counter
+// "<prefix>:{k}:token" and the pub/sub channel "<prefix>:{k}" (see Keys; keys
+// with braces are hashed into the tag). The hash tag keeps a lock and its
+// counter in one Cluster slot, so no script ever fails with CROSSSLOT. The
+// lock's value is "<token>:<owner>".
+//
+// # Round trips
+//
+// Acquire, Refresh, Release and Inspect are one EVALSHA each (EVAL on
+// NOSCRIPT, which also loads the script). Release publishes on the key's
+// channel, which is what pub/sub waiters listen to; its DEL also triggers
+// client-side-caching invalidations.
+//
+// # Fencing tokens
+//
+// token = max(counter+1, server TIME in microseconds), written back to the
+// counter with PX = ttl + TokenRetention (default 10 minutes). The counter
+// makes tokens strictly increasing even within one microsecond; the TIME
+// floor keeps them increasing after the counter expired, was deleted, or the
+// server restarted empty. Assumption: the server's clock (on Cluster or
+// Sentinel, every master's that may serve the key) never steps back by more
+// than TokenRetention. Counters of idle keys expire, so they do not pile up.
+// Tokens are about 1.8e15 today and stay below 2^53 (exact in Lua numbers)
+// until the year 2255.
+//
+// # Redlock
+//
+// See Redlock for the algorithm, its token scheme (quorum maximum written
+// back to the quorum) and its limits.
+//
+// # Hub
+//
+// Hub shares one server subscription per channel among all local waiters
+// of a process (see Hub).
+package rediscore

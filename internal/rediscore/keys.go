@@ -1,0 +1,36 @@
+package rediscore
+
+import (
+	"crypto/sha1"
+	"encoding/hex"
+	"strings"
+)
+
+// DefaultPrefix is the key prefix used when Options.Prefix is empty.
+const DefaultPrefix = "locker"
+
+// Keys returns the lock key, the token counter key and the pub/sub channel
+// for a user key.
+//
+// For a key without braces they are "<prefix>:{<key>}",
+// "<prefix>:{<key>}:token" and "<prefix>:{<key>}" (channels live in their
+// own namespace, so the channel reuses the lock key's name). The hash tag
+// puts the lock and its counter in the same Cluster slot. A key containing
+// '{' or '}' would break the tag, so its tag is the hex SHA1 of the key
+// instead: "<prefix>:{<sha1>}:<key>" and "<prefix>:{<sha1>}:<key>:token".
+// The mapping is injective: distinct keys never share a lock or counter.
+//
+// prefix defaults to DefaultPrefix when empty. It must not contain braces
+// (ParseOptions and Options.Validate reject them).
+func Keys(prefix, key string) (lock, counter, channel string) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(key, "{}") {
+		sum := sha1.Sum([]byte(key))
+		lock = prefix + ":{" + hex.EncodeToString(sum[:]) + "}:" + key
+	} else {
+		lock = prefix + ":{" + key + "}"
+	}
+	return lock, lock + ":token", lock
+}

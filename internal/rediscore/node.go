@@ -1,0 +1,277 @@
+package rediscore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-locker/locker/driver"
+)
+
+// MinTTL is the shortest TTL a single node (or Cluster, or Sentinel) Node
+// honours; TTLs are kept in whole milliseconds (PX).
+const MinTTL = 10 * time.Millisecond
+
+// Node implements driver.Locker, driver.Inspector, driver.Capable and
+// driver.Pinger on one Conn (a single node, a Cluster or a Sentinel-managed
+// master): one script, one round trip per call.
+type Node struct {
+	c      Conn
+	o      Options
+	closed atomic.Bool
+	retMS  string
+}
+
+// NewNode returns a Node over c. Zero fields of o take their defaults; o is
+// not validated (call Options.Validate or ParseOptions first). Close closes c.
+func NewNode(c Conn, o Options) *Node {
+	o = o.WithDefaults()
+	return &Node{c: c, o: o, retMS: strconv.FormatInt(o.TokenRetention.Milliseconds(), 10)}
+}
+
+// Options returns the options in effect, defaults applied.
+func (n *Node) Options() Options { return n.o }
+
+// Capabilities reports MinTTL 10ms, millisecond granularity, and durable
+// tokens (floored at the server clock, see AcquireScript).
+func (n *Node) Capabilities() driver.Capabilities {
+	return driver.Capabilities{MinTTL: MinTTL, TTLGranularity: time.Millisecond, DurableTokens: true}
+}
+
+// CheckKey returns an error wrapping driver.ErrInvalid if key is empty or
+// longer than max bytes.
+func CheckKey(key string, max int) error {
+	if key == "" {
+		return fmt.Errorf("redis: empty key: %w", driver.ErrInvalid)
+	}
+	if len(key) > max {
+		return fmt.Errorf("redis: key of %d bytes exceeds max_key_len %d: %w", len(key), max, driver.ErrInvalid)
+	}
+	return nil
+}
+
+func checkOwner(owner string) error {
+	if owner == "" {
+		return fmt.Errorf("redis: empty owner: %w", driver.ErrInvalid)
+	}
+	return nil
+}
+
+func checkTTL(ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("redis: ttl %v must be positive: %w", ttl, driver.ErrInvalid)
+	}
+	return nil
+}
+
+func (n *Node) check(ctx context.Context, key, owner string, ttl time.Duration, needTTL, needOwner bool) error {
+	if n.closed.Load() {
+		return fmt.Errorf("redis: %w", driver.ErrClosed)
+	}
+	if err := CheckKey(key, n.o.MaxKeyLen); err != nil {
+		return err
+	}
+	if needOwner {
+		if err := checkOwner(owner); err != nil {
+			return err
+		}
+	}
+	if needTTL {
+		if err := checkTTL(ttl); err != nil {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	return nil
+}
+
+// ttlMS returns ttl rounded up to whole milliseconds and MinTTL, as a string.
+func ttlMS(c driver.Capabilities, ttl time.Duration) string {
+	return strconv.FormatInt(c.RoundTTL(ttl).Milliseconds(), 10)
+}
+
+// Acquire implements driver.Locker: one EVALSHA of AcquireScript. When the
+// key is held by another owner it returns a *driver.HeldError carrying the
+// holder's PTTL. Bad arguments wrap driver.ErrInvalid; after Close,
+// driver.ErrClosed.
+func (n *Node) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	if err := n.check(ctx, key, owner, ttl, true, true); err != nil {
+		return 0, err
+	}
+	lock, counter, _ := Keys(n.o.Prefix, key)
+	keys := []string{lock, counter}
+	ms := ttlMS(n.Capabilities(), ttl)
+	var (
+		r   any
+		err error
+	)
+	if ctx.Done() == nil {
+		r, err = n.c.Run(ctx, AcquireScript, keys, owner, ms, n.retMS)
+	} else {
+		// Run the script detached from ctx's cancellation so that, if ctx
+		// ends first, we learn the outcome and release a grant nobody will
+		// use: a cancelled acquire leaves nothing behind.
+		type reply struct {
+			v   any
+			err error
+		}
+		ch := make(chan reply, 1)
+		go func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.detachedTimeout())
+			defer cancel()
+			v, err := n.c.Run(rctx, AcquireScript, keys, owner, ms, n.retMS)
+			ch <- reply{v, err}
+		}()
+		select {
+		case x := <-ch:
+			r, err = x.v, x.err
+		case <-ctx.Done():
+			go func() {
+				if x := <-ch; x.err != nil || isToken(x.v) {
+					n.cleanup(lock, owner)
+				}
+			}()
+			return 0, fmt.Errorf("redis: acquire: %w", ctx.Err())
+		}
+	}
+	if err != nil {
+		return 0, ctxErr(ctx, "acquire", err)
+	}
+	if pttl, ok := r.(int64); ok {
+		return 0, &driver.HeldError{Remaining: time.Duration(pttl) * time.Millisecond}
+	}
+	return parseToken(r)
+}
+
+func isToken(v any) bool { _, ok := v.(string); return ok }
+
+// detachedTimeout bounds a call that outlives its caller's ctx.
+func (n *Node) detachedTimeout() time.Duration { return max(n.o.NodeTimeout, 10*time.Second) }
+
+// cleanup releases owner's lock after an acquire whose caller gave up.
+func (n *Node) cleanup(lock, owner string) {
+	ctx, cancel := context.WithTimeout(context.Background(), n.detachedTimeout())
+	defer cancel()
+	_, _ = n.c.Run(ctx, ReleaseScript, []string{lock}, owner, lock)
+}
+
+// run calls c.Run (c.Ping if s is nil) and returns promptly once ctx is done, even if the
+// client does not watch ctx (the call then finishes in the background).
+func (n *Node) run(ctx context.Context, s *Script, keys []string, args ...string) (any, error) {
+	call := func() (any, error) {
+		if s == nil {
+			return nil, n.c.Ping(ctx)
+		}
+		return n.c.Run(ctx, s, keys, args...)
+	}
+	if ctx.Done() == nil {
+		return call()
+	}
+	type reply struct {
+		v   any
+		err error
+	}
+	ch := make(chan reply, 1)
+	go func() {
+		v, err := call()
+		ch <- reply{v, err}
+	}()
+	select {
+	case x := <-ch:
+		return x.v, x.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Refresh implements driver.Locker: one EVALSHA of RefreshScript; ErrNotHeld
+// if owner does not hold key (an expired lock is never revived).
+func (n *Node) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := n.check(ctx, key, owner, ttl, true, true); err != nil {
+		return err
+	}
+	lock, _, _ := Keys(n.o.Prefix, key)
+	r, err := n.run(ctx, RefreshScript, []string{lock}, owner, ttlMS(n.Capabilities(), ttl))
+	if err != nil {
+		return ctxErr(ctx, "refresh", err)
+	}
+	if v, _ := asInt(r); v != 1 {
+		return fmt.Errorf("redis: refresh: %w", driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// Release implements driver.Locker: one EVALSHA of ReleaseScript, which
+// also publishes on the key's channel; ErrNotHeld if owner does not hold key.
+func (n *Node) Release(ctx context.Context, key, owner string) error {
+	if err := n.check(ctx, key, owner, 0, false, true); err != nil {
+		return err
+	}
+	lock, _, ch := Keys(n.o.Prefix, key)
+	r, err := n.run(ctx, ReleaseScript, []string{lock}, owner, ch)
+	if err != nil {
+		return ctxErr(ctx, "release", err)
+	}
+	if v, _ := asInt(r); v != 1 {
+		return fmt.Errorf("redis: release: %w", driver.ErrNotHeld)
+	}
+	return nil
+}
+
+// Inspect implements driver.Inspector: one EVALSHA of InspectScript;
+// ErrNotHeld if key is free.
+func (n *Node) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	if err := n.check(ctx, key, "", 0, false, false); err != nil {
+		return driver.Info{}, err
+	}
+	lock, _, _ := Keys(n.o.Prefix, key)
+	r, err := n.run(ctx, InspectScript, []string{lock})
+	if err != nil {
+		return driver.Info{}, ctxErr(ctx, "inspect", err)
+	}
+	return parseInfo(r)
+}
+
+func parseInfo(r any) (driver.Info, error) {
+	if r == nil {
+		return driver.Info{}, fmt.Errorf("redis: inspect: %w", driver.ErrNotHeld)
+	}
+	a, ok := r.([]any)
+	if !ok || len(a) != 3 {
+		return driver.Info{}, fmt.Errorf("redis: inspect: unexpected reply %v", r)
+	}
+	owner, _ := a[0].(string)
+	tok, err := parseToken(a[1])
+	if err != nil {
+		return driver.Info{}, err
+	}
+	pttl, _ := asInt(a[2])
+	if pttl == -2 {
+		return driver.Info{}, fmt.Errorf("redis: inspect: %w", driver.ErrNotHeld)
+	}
+	return driver.Info{Owner: owner, Token: tok, Remaining: time.Duration(pttl) * time.Millisecond}, nil
+}
+
+// Ping implements driver.Pinger.
+func (n *Node) Ping(ctx context.Context) error {
+	if n.closed.Load() {
+		return fmt.Errorf("redis: %w", driver.ErrClosed)
+	}
+	if _, err := n.run(ctx, nil, nil); err != nil {
+		return ctxErr(ctx, "ping", err)
+	}
+	return nil
+}
+
+// Close closes the Conn (if it owns its client). It is idempotent; later
+// calls of every method return driver.ErrClosed.
+func (n *Node) Close() error {
+	if n.closed.Swap(true) {
+		return nil
+	}
+	return n.c.Close()
+}

@@ -1,0 +1,162 @@
+package rediscore
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-locker/locker/driver"
+)
+
+// Defaults of Options.
+const (
+	// DefaultNodeTimeout bounds each Redlock call to one node.
+	DefaultNodeTimeout = 100 * time.Millisecond
+	// DefaultDriftFactor is the Redlock clock drift allowance per unit of TTL.
+	DefaultDriftFactor = 0.01
+	// DefaultMaxKeyLen is the longest user key accepted, in bytes.
+	DefaultMaxKeyLen = 4096
+	// DefaultTokenRetention is how long a token counter outlives its lock.
+	DefaultTokenRetention = 10 * time.Minute
+)
+
+// Options are shared by both Redis drivers. The zero value of every field
+// means its default.
+type Options struct {
+	// Prefix is the key prefix; default "locker". No braces.
+	Prefix string
+	// NodeTimeout bounds each Redlock call to one node (and the Redlock
+	// subscription to one node); default 100ms.
+	NodeTimeout time.Duration
+	// DriftFactor is the Redlock drift allowance: a grant is valid only if
+	// ttl - elapsed - (ttl*DriftFactor + 2ms) > 0. Default 0.01; zero means
+	// the default.
+	DriftFactor float64
+	// MaxKeyLen is the longest key accepted, in bytes; default 4096 (package locker's own limit). Longer
+	// keys are rejected with driver.ErrInvalid.
+	MaxKeyLen int
+	// TokenRetention (an addition to the core API) is how long a token
+	// counter outlives the lock that last bumped it; default 10m. Tokens
+	// are floored at the server's TIME in microseconds, so they keep
+	// increasing once the counter is gone as long as the server clock does
+	// not step back by more than TokenRetention.
+	TokenRetention time.Duration
+}
+
+// WithDefaults returns o with every zero field set to its default.
+func (o Options) WithDefaults() Options {
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.NodeTimeout == 0 {
+		o.NodeTimeout = DefaultNodeTimeout
+	}
+	if o.DriftFactor == 0 {
+		o.DriftFactor = DefaultDriftFactor
+	}
+	if o.MaxKeyLen == 0 {
+		o.MaxKeyLen = DefaultMaxKeyLen
+	}
+	if o.TokenRetention == 0 {
+		o.TokenRetention = DefaultTokenRetention
+	}
+	return o
+}
+
+// Validate reports an error wrapping driver.ErrInvalid if a field is out of
+// range: a prefix with braces, a negative duration, a drift factor outside
+// [0, 0.5), a negative key length.
+func (o Options) Validate() error {
+	switch {
+	case strings.ContainsAny(o.Prefix, "{}"):
+		return fmt.Errorf("redis: prefix %q must not contain '{' or '}' (they would break the Cluster hash tag): %w", o.Prefix, driver.ErrInvalid)
+	case o.NodeTimeout < 0:
+		return fmt.Errorf("redis: node_timeout %v must be positive: %w", o.NodeTimeout, driver.ErrInvalid)
+	case o.DriftFactor < 0 || o.DriftFactor >= 0.5:
+		return fmt.Errorf("redis: drift_factor %v must be in [0, 0.5): %w", o.DriftFactor, driver.ErrInvalid)
+	case o.MaxKeyLen < 0:
+		return fmt.Errorf("redis: max_key_len %d must be positive: %w", o.MaxKeyLen, driver.ErrInvalid)
+	case o.TokenRetention < 0:
+		return fmt.Errorf("redis: token_retention %v must be positive: %w", o.TokenRetention, driver.ErrInvalid)
+	}
+	return nil
+}
+
+// ParseOptions pulls the shared query parameters out of q, deleting the ones
+// it consumed, so each driver can then reject whatever is left as unknown:
+//
+//	prefix=locker          key prefix (no braces)
+//	node_timeout=100ms     Redlock per-node timeout (Go duration)
+//	drift_factor=0.01      Redlock drift factor, in (0, 0.5)
+//	max_key_len=4096       longest key in bytes
+//	token_retention=10m    how long a token counter outlives its lock
+//
+// A parameter given twice or with a malformed value is an error wrapping
+// driver.ErrInvalid. The result has defaults applied.
+func ParseOptions(q url.Values) (Options, error) {
+	var o Options
+	get := func(name string) (string, bool, error) {
+		vs, ok := q[name]
+		if !ok {
+			return "", false, nil
+		}
+		delete(q, name)
+		if len(vs) != 1 {
+			return "", false, fmt.Errorf("redis: query parameter %q given %d times: %w", name, len(vs), driver.ErrInvalid)
+		}
+		return vs[0], true, nil
+	}
+	dur := func(name string, dst *time.Duration) error {
+		s, ok, err := get(name)
+		if err != nil || !ok {
+			return err
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("redis: %s=%q: want a positive Go duration such as 100ms: %w", name, s, driver.ErrInvalid)
+		}
+		*dst = d
+		return nil
+	}
+	s, ok, err := get("prefix")
+	if err != nil {
+		return o, err
+	}
+	if ok {
+		if s == "" {
+			return o, fmt.Errorf("redis: prefix must not be empty: %w", driver.ErrInvalid)
+		}
+		o.Prefix = s
+	}
+	if err := dur("node_timeout", &o.NodeTimeout); err != nil {
+		return o, err
+	}
+	if err := dur("token_retention", &o.TokenRetention); err != nil {
+		return o, err
+	}
+	if s, ok, err = get("drift_factor"); err != nil {
+		return o, err
+	} else if ok {
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil || f <= 0 || f >= 0.5 {
+			return o, fmt.Errorf("redis: drift_factor=%q: want a number in (0, 0.5): %w", s, driver.ErrInvalid)
+		}
+		o.DriftFactor = f
+	}
+	if s, ok, err = get("max_key_len"); err != nil {
+		return o, err
+	} else if ok {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return o, fmt.Errorf("redis: max_key_len=%q: want a positive integer: %w", s, driver.ErrInvalid)
+		}
+		o.MaxKeyLen = n
+	}
+	o = o.WithDefaults()
+	if err := o.Validate(); err != nil {
+		return o, err
+	}
+	return o, nil
+}

@@ -1,0 +1,469 @@
+package rediscore
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-locker/locker/driver"
+)
+
+// Redlock implements driver.Locker, driver.Inspector, driver.Capable and
+// driver.Pinger over N independent masters with the Redlock algorithm:
+//
+//   - Acquire runs AcquireScript (same key, same owner) first on one node
+//     chosen by a hash of the key (the gate: every contender for the key
+//     uses the same one, so concurrent contenders do not split the vote;
+//     a loser there stops with the holder's PTTL), then on every other node
+//     in parallel (on all of them when the gate does not answer), each call
+//     bounded by NodeTimeout. It needs a quorum of N/2+1 grants, and the
+//     grant is valid only if ttl - elapsed - (ttl*DriftFactor + 2ms) > 0
+//     once it is complete (token write-back included).
+//   - On failure it releases on every node, including those that seemed to
+//     fail (their reply may have been lost), and returns a *HeldError whose
+//     Remaining is when the holders' quorum expires, or, after a split vote,
+//     a random delay in [1ms, NodeTimeout]: the caller's retry is jittered.
+//   - Refresh succeeds only when it lands on a quorum; Release releases on
+//     every node.
+//
+// Tokens: each granting node mints max(counter+1, its TIME in µs); the grant
+// takes T = the maximum over the quorum and writes T back (FenceScript) to
+// every granting node, raising its counter to T, before returning. Any later
+// grant needs a quorum that intersects the write-back quorum in at least one
+// node, whose counter is >= T, so its token is > T: tokens strictly increase
+// as long as no node of that intersection lost its data, or, if one did, as
+// long as the nodes' clocks agree within the time between the two grants
+// (the TIME floor). The price is a second round trip per acquire.
+// Idempotent re-acquire returns the same token while every node of the
+// quorum still holds the lock; if the lock lapsed on some node meanwhile,
+// the re-acquire returns a larger token (still a valid fencing token).
+type Redlock struct {
+	conns  []Conn
+	o      Options
+	q      int
+	closed atomic.Bool
+	retMS  string
+}
+
+// NewRedlock returns a Redlock over conns (N >= 2 independent masters;
+// with N = 2 the quorum is 2 and no failure is tolerated, so use N >= 3).
+// Zero fields of o take their defaults. Close closes every Conn.
+func NewRedlock(conns []Conn, o Options) *Redlock {
+	o = o.WithDefaults()
+	return &Redlock{conns: conns, o: o, q: len(conns)/2 + 1,
+		retMS: strconv.FormatInt(o.TokenRetention.Milliseconds(), 10)}
+}
+
+// Quorum returns N/2+1.
+func (r *Redlock) Quorum() int { return r.q }
+
+// Options returns the options in effect, defaults applied.
+func (r *Redlock) Options() Options { return r.o }
+
+// Capabilities reports MinTTL = max(10ms, 3*NodeTimeout) (a grant takes up
+// to two rounds of NodeTimeout and must leave a positive validity),
+// millisecond granularity, and durable tokens (see the type's doc).
+func (r *Redlock) Capabilities() driver.Capabilities {
+	return driver.Capabilities{MinTTL: max(MinTTL, 3*r.o.NodeTimeout), TTLGranularity: time.Millisecond, DurableTokens: true}
+}
+
+type result struct {
+	v   any
+	err error
+}
+
+// each runs fn on every node in parallel, each call bounded by NodeTimeout
+// (and ctx). It returns when every node answered or timed out; a node that
+// did not answer in time gets an error wrapping context.DeadlineExceeded.
+func (r *Redlock) each(ctx context.Context, s *Script, keys []string, args ...string) []result {
+	return r.eachExcept(ctx, -1, s, keys, args...)
+}
+
+// eachExcept is each without node skip (its result is left zero).
+func (r *Redlock) eachExcept(ctx context.Context, skip int, s *Script, keys []string, args ...string) []result {
+	res := make([]result, len(r.conns))
+	todo := len(r.conns)
+	if skip >= 0 {
+		todo--
+	}
+	type msg struct {
+		i int
+		result
+	}
+	ch := make(chan msg, len(r.conns))
+	ctx, cancel := context.WithTimeout(ctx, r.o.NodeTimeout)
+	defer cancel()
+	for i, c := range r.conns {
+		if i == skip {
+			continue
+		}
+		go func() {
+			v, err := c.Run(ctx, s, keys, args...)
+			ch <- msg{i, result{v, err}}
+		}()
+	}
+	for i := range res {
+		if i != skip {
+			res[i].err = errNoAnswer
+		}
+	}
+	for n := 0; n < todo; n++ {
+		select {
+		case m := <-ch:
+			res[m.i] = m.result
+		case <-ctx.Done():
+			for i := range res {
+				if res[i].err == errNoAnswer {
+					res[i].err = fmt.Errorf("node %d: no answer within node_timeout %v: %w", i, r.o.NodeTimeout, ctx.Err())
+				}
+			}
+			return res
+		}
+	}
+	return res
+}
+
+var errNoAnswer = errors.New("no answer")
+
+func (r *Redlock) check(ctx context.Context, key, owner string, ttl time.Duration, needTTL, needOwner bool) error {
+	if r.closed.Load() {
+		return fmt.Errorf("redis: %w", driver.ErrClosed)
+	}
+	if err := CheckKey(key, r.o.MaxKeyLen); err != nil {
+		return err
+	}
+	if needOwner {
+		if err := checkOwner(owner); err != nil {
+			return err
+		}
+	}
+	if needTTL {
+		if err := checkTTL(ttl); err != nil {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	return nil
+}
+
+func firstErr(res []result) error {
+	for i, x := range res {
+		if x.err != nil {
+			if errors.Is(x.err, errNoAnswer) {
+				return fmt.Errorf("node %d: %w", i, x.err)
+			}
+			return x.err
+		}
+	}
+	return nil
+}
+
+// Acquire implements driver.Locker with the Redlock algorithm (see the
+// type's doc). Errors: *driver.HeldError (wrapping ErrNotAcquired) when
+// other owners hold a quorum or after a split vote; an error naming the
+// counts when too few nodes answered; ctx.Err() wrapped once ctx is done.
+// A failed or cancelled acquire is released on every node.
+func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	if err := r.check(ctx, key, owner, ttl, true, true); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	ttl = r.Capabilities().RoundTTL(ttl)
+	lock, counter, _ := Keys(r.o.Prefix, key)
+	keys := []string{lock, counter}
+	ms := strconv.FormatInt(ttl.Milliseconds(), 10)
+	// The gate: every contender for key first tries the same node (by a
+	// hash of key). Losers stop there, so concurrent contenders do not
+	// split the vote and exactly one of them wins; only the gate's winner
+	// (or everyone, when the gate does not answer) goes on to the others.
+	gate := r.gate(key)
+	g := r.eachOne(ctx, gate, AcquireScript, keys, owner, ms, r.retMS)
+	if pttl, ok := g.v.(int64); ok && g.err == nil {
+		return 0, &driver.HeldError{Remaining: max(time.Duration(pttl)*time.Millisecond, 0) + r.jitter()}
+	}
+	if ctx.Err() != nil {
+		r.releaseAll(ctx, lock, owner)
+		return 0, fmt.Errorf("redis: redlock acquire: %w", ctx.Err())
+	}
+	res := r.eachExcept(ctx, gate, AcquireScript, keys, owner, ms, r.retMS)
+	res[gate] = g
+	var (
+		granted  []int
+		held     []time.Duration
+		failed   int
+		maxToken uint64
+	)
+	for i, x := range res {
+		switch v := x.v.(type) {
+		case nil:
+			failed++
+		case int64:
+			held = append(held, time.Duration(v)*time.Millisecond)
+		default:
+			t, err := parseToken(v)
+			if err != nil {
+				res[i].err = err
+				failed++
+				continue
+			}
+			granted = append(granted, i)
+			maxToken = max(maxToken, t)
+		}
+	}
+	n := len(r.conns)
+	if len(granted) >= r.q && ctx.Err() == nil {
+		// Write the grant's token back to the granting nodes.
+		tok := strconv.FormatUint(maxToken, 10)
+		cpx := strconv.FormatInt((ttl + r.o.TokenRetention).Milliseconds(), 10)
+		fres := r.each(ctx, FenceScript, keys, owner, tok, cpx)
+		fenced := 0
+		for _, x := range fres {
+			if v, ok := asInt(x.v); ok && v == 1 && x.err == nil {
+				fenced++
+			}
+		}
+		drift := time.Duration(float64(ttl)*r.o.DriftFactor) + 2*time.Millisecond
+		validity := ttl - time.Since(start) - drift
+		if fenced >= r.q && validity > 0 && ctx.Err() == nil {
+			return maxToken, nil
+		}
+		r.releaseAll(ctx, lock, owner)
+		if err := ctx.Err(); err != nil {
+			return 0, fmt.Errorf("redis: redlock acquire: %w", err)
+		}
+		if fenced < r.q {
+			return 0, fmt.Errorf("redis: redlock acquire: token write-back reached %d of %d nodes (quorum %d): %v", fenced, n, r.q, firstErr(fres))
+		}
+		return 0, &driver.HeldError{Remaining: r.jitter()}
+	}
+	// No quorum: release everywhere, including the nodes that failed.
+	r.releaseAll(ctx, lock, owner)
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("redis: redlock acquire: %w", err)
+	}
+	if len(held) >= n-r.q+1 {
+		// Other owners hold a quorum: wait until enough of them expire
+		// that the rest of the nodes form a quorum.
+		slices.Sort(held)
+		k := len(held) - (n - r.q) // holders that must expire
+		rem := held[k-1]
+		if rem <= 0 {
+			rem = 0
+		}
+		return 0, &driver.HeldError{Remaining: rem + r.jitter()}
+	}
+	if failed >= n-r.q+1 {
+		return 0, fmt.Errorf("redis: redlock acquire: no quorum: %d of %d nodes granted, %d held by another owner, %d failed (quorum %d): %w",
+			len(granted), n, len(held), failed, r.q, firstErr(res))
+	}
+	// Split vote between contenders: retry after a random delay.
+	return 0, &driver.HeldError{Remaining: r.jitter()}
+}
+
+// eachOne runs s on node i, bounded by NodeTimeout.
+func (r *Redlock) eachOne(ctx context.Context, i int, s *Script, keys []string, args ...string) result {
+	ctx, cancel := context.WithTimeout(ctx, r.o.NodeTimeout)
+	defer cancel()
+	ch := make(chan result, 1)
+	go func() {
+		v, err := r.conns[i].Run(ctx, s, keys, args...)
+		ch <- result{v, err}
+	}()
+	select {
+	case x := <-ch:
+		return x
+	case <-ctx.Done():
+		return result{err: fmt.Errorf("node %d: no answer within node_timeout %v: %w", i, r.o.NodeTimeout, ctx.Err())}
+	}
+}
+
+// gate returns the node every contender for key tries first.
+func (r *Redlock) gate(key string) int { return int(fnv32(key) % uint32(len(r.conns))) }
+
+func fnv32(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return h
+}
+
+func (r *Redlock) jitter() time.Duration {
+	return time.Millisecond + rand.N(r.o.NodeTimeout)
+}
+
+// releaseAll releases owner's lock on every node, even if ctx is done.
+func (r *Redlock) releaseAll(ctx context.Context, lock, owner string) {
+	r.each(context.WithoutCancel(ctx), ReleaseScript, []string{lock}, owner, lock)
+}
+
+// Refresh implements driver.Locker: RefreshScript on every node; it succeeds
+// only when a quorum refreshed. ErrNotHeld when so many nodes answered "not
+// held" that no quorum can hold it; any other shortfall is a transient error.
+func (r *Redlock) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := r.check(ctx, key, owner, ttl, true, true); err != nil {
+		return err
+	}
+	ttl = r.Capabilities().RoundTTL(ttl)
+	lock, _, _ := Keys(r.o.Prefix, key)
+	res := r.each(ctx, RefreshScript, []string{lock}, owner, strconv.FormatInt(ttl.Milliseconds(), 10))
+	ok, notHeld := 0, 0
+	for _, x := range res {
+		if x.err != nil {
+			continue
+		}
+		if v, _ := asInt(x.v); v == 1 {
+			ok++
+		} else {
+			notHeld++
+		}
+	}
+	n := len(r.conns)
+	switch {
+	case ok >= r.q:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("redis: redlock refresh: %w", ctx.Err())
+	case notHeld >= n-r.q+1:
+		return fmt.Errorf("redis: redlock refresh: held on %d of %d nodes: %w", ok, n, driver.ErrNotHeld)
+	}
+	return fmt.Errorf("redis: redlock refresh: reached %d of %d nodes (quorum %d): %w", ok, n, r.q, firstErr(res))
+}
+
+// Release implements driver.Locker: ReleaseScript on every node. It
+// succeeds if any node released; ErrNotHeld if every node answered "not
+// held"; otherwise the first node error.
+func (r *Redlock) Release(ctx context.Context, key, owner string) error {
+	if err := r.check(ctx, key, owner, 0, false, true); err != nil {
+		return err
+	}
+	lock, _, ch := Keys(r.o.Prefix, key)
+	res := r.each(ctx, ReleaseScript, []string{lock}, owner, ch)
+	released, failed := 0, 0
+	for _, x := range res {
+		if x.err != nil {
+			failed++
+			continue
+		}
+		if v, _ := asInt(x.v); v == 1 {
+			released++
+		}
+	}
+	switch {
+	case released > 0:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("redis: redlock release: %w", ctx.Err())
+	case failed > 0:
+		return fmt.Errorf("redis: redlock release: %d of %d nodes failed: %w", failed, len(r.conns), firstErr(res))
+	}
+	return fmt.Errorf("redis: redlock release: %w", driver.ErrNotHeld)
+}
+
+// Inspect implements driver.Inspector: the holder is the owner found on a
+// quorum of nodes; Remaining is when that quorum ends (the quorum-th largest
+// PTTL); Token the largest token seen for it. ErrNotHeld if no owner holds a
+// quorum and enough nodes answered to know it.
+func (r *Redlock) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	if err := r.check(ctx, key, "", 0, false, false); err != nil {
+		return driver.Info{}, err
+	}
+	lock, _, _ := Keys(r.o.Prefix, key)
+	res := r.each(ctx, InspectScript, []string{lock})
+	byOwner := map[string][]driver.Info{}
+	failed := 0
+	for _, x := range res {
+		if x.err != nil {
+			failed++
+			continue
+		}
+		if info, err := parseInfo(x.v); err == nil {
+			byOwner[info.Owner] = append(byOwner[info.Owner], info)
+		}
+	}
+	for owner, infos := range byOwner {
+		if len(infos) < r.q {
+			continue
+		}
+		slices.SortFunc(infos, func(a, b driver.Info) int { return cmp.Compare(b.Remaining, a.Remaining) })
+		out := driver.Info{Owner: owner, Remaining: infos[r.q-1].Remaining}
+		for _, in := range infos {
+			out.Token = max(out.Token, in.Token)
+		}
+		return out, nil
+	}
+	if ctx.Err() != nil {
+		return driver.Info{}, fmt.Errorf("redis: redlock inspect: %w", ctx.Err())
+	}
+	if failed > 0 {
+		best := 0
+		for _, infos := range byOwner {
+			best = max(best, len(infos))
+		}
+		if best+failed >= r.q {
+			return driver.Info{}, fmt.Errorf("redis: redlock inspect: %d of %d nodes failed: %w", failed, len(r.conns), firstErr(res))
+		}
+	}
+	return driver.Info{}, fmt.Errorf("redis: redlock inspect: %w", driver.ErrNotHeld)
+}
+
+// Ping implements driver.Pinger: it succeeds when a quorum of nodes answers
+// within NodeTimeout.
+func (r *Redlock) Ping(ctx context.Context) error {
+	if r.closed.Load() {
+		return fmt.Errorf("redis: %w", driver.ErrClosed)
+	}
+	ch := make(chan error, len(r.conns))
+	pctx, cancel := context.WithTimeout(ctx, r.o.NodeTimeout)
+	defer cancel()
+	for _, c := range r.conns {
+		go func() { ch <- c.Ping(pctx) }()
+	}
+	ok := 0
+	var first error
+	for range r.conns {
+		var err error
+		select {
+		case err = <-ch:
+		case <-pctx.Done():
+			err = pctx.Err()
+		}
+		if err == nil {
+			ok++
+		} else if first == nil {
+			first = err
+		}
+		if ok >= r.q {
+			return nil
+		}
+		if pctx.Err() != nil {
+			break
+		}
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("redis: redlock ping: %w", ctx.Err())
+	}
+	return fmt.Errorf("redis: redlock ping: %d of %d nodes answered (quorum %d): %w", ok, len(r.conns), r.q, first)
+}
+
+// Close closes every Conn. It is idempotent; later calls of every method
+// return driver.ErrClosed.
+func (r *Redlock) Close() error {
+	if r.closed.Swap(true) {
+		return nil
+	}
+	var errs []error
+	for _, c := range r.conns {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,138 @@
+package rediscore
+
+import (
+	"crypto/sha1"
+	"encoding/hex"
+)
+
+// Script is a Lua script with its SHA1 (computed at init), run by EVALSHA
+// with a fallback to EVAL when the server answers NOSCRIPT.
+type Script struct {
+	// Name is a short human-readable name used in error messages.
+	Name string
+	// Src is the Lua source.
+	Src string
+	// SHA is the hex SHA1 of Src, as SCRIPT LOAD would return it.
+	SHA string
+}
+
+func newScript(name, src string) *Script {
+	sum := sha1.Sum([]byte(src))
+	return &Script{Name: name, Src: src, SHA: hex.EncodeToString(sum[:])}
+}
+
+// The value stored at a lock key is "<token>:<owner>": the decimal fencing
+// token, a colon, then the owner string. Tokens never contain a colon, so
+// the first colon splits the value even when the owner contains colons.
+
+// AcquireScript takes a lock and mints its fencing token in one round trip.
+//
+//	KEYS[1] lock key, KEYS[2] token counter key (same hash slot)
+//	ARGV[1] owner, ARGV[2] ttl in ms, ARGV[3] counter retention in ms
+//
+// Reply: a bulk string holding the decimal token when the lock is granted
+// (or already held by owner: then the PX is reset and the same token comes
+// back), or an integer, the holder's PTTL in ms, when another owner holds it.
+//
+// The token is max(counter+1, server TIME in microseconds). The counter is
+// written with PX = ttl + retention, so counters of idle keys disappear; the
+// TIME floor keeps tokens increasing after the counter expired or the server
+// restarted empty, provided the server clock never steps back by more than
+// the retention.
+var AcquireScript = newScript("acquire", `
+local v = redis.call('GET', KEYS[1])
+if v then
+  local i = string.find(v, ':', 1, true)
+  if i and string.sub(v, i + 1) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return string.sub(v, 1, i - 1)
+  end
+  return redis.call('PTTL', KEYS[1])
+end
+local t = redis.call('TIME')
+local n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+if c + 1 > n then n = c + 1 end
+local s = string.format('%.0f', n)
+redis.call('SET', KEYS[2], s, 'PX', tonumber(ARGV[2]) + tonumber(ARGV[3]))
+redis.call('SET', KEYS[1], s .. ':' .. ARGV[1], 'PX', ARGV[2])
+return s
+`)
+
+// RefreshScript resets the TTL of a lock its owner holds. It never revives
+// an expired key: an absent key is simply not held.
+//
+//	KEYS[1] lock key
+//	ARGV[1] owner, ARGV[2] ttl in ms
+//
+// Reply: 1 when refreshed, 0 when owner does not hold the lock.
+var RefreshScript = newScript("refresh", `
+local v = redis.call('GET', KEYS[1])
+if v then
+  local i = string.find(v, ':', 1, true)
+  if i and string.sub(v, i + 1) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return 1
+  end
+end
+return 0
+`)
+
+// ReleaseScript deletes a lock its owner holds and publishes on the key's
+// channel, waking pub/sub waiters (clients using client-side caching are
+// woken by the DEL's invalidation).
+//
+//	KEYS[1] lock key
+//	ARGV[1] owner, ARGV[2] channel
+//
+// Reply: 1 when released, 0 when owner does not hold the lock.
+var ReleaseScript = newScript("release", `
+local v = redis.call('GET', KEYS[1])
+if v then
+  local i = string.find(v, ':', 1, true)
+  if i and string.sub(v, i + 1) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    redis.call('PUBLISH', ARGV[2], '1')
+    return 1
+  end
+end
+return 0
+`)
+
+// InspectScript reads a lock in one round trip.
+//
+//	KEYS[1] lock key
+//
+// Reply: nil when the key is free, else an array {owner, token, pttl}
+// (owner and token as bulk strings, pttl as an integer in ms).
+var InspectScript = newScript("inspect", `
+local v = redis.call('GET', KEYS[1])
+if not v then return nil end
+local i = string.find(v, ':', 1, true)
+if not i then return {v, '0', redis.call('PTTL', KEYS[1])} end
+return {string.sub(v, i + 1), string.sub(v, 1, i - 1), redis.call('PTTL', KEYS[1])}
+`)
+
+// FenceScript is the Redlock write-back (an addition to the core API): on a
+// node where owner still holds the lock, it rewrites the stored token to the
+// grant's token (keeping the TTL) and raises the counter to at least it.
+//
+//	KEYS[1] lock key, KEYS[2] token counter key
+//	ARGV[1] owner, ARGV[2] token (decimal), ARGV[3] counter PX in ms
+//
+// Reply: 1 when written, 0 when owner no longer holds the lock there.
+var FenceScript = newScript("fence", `
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local i = string.find(v, ':', 1, true)
+if not i or string.sub(v, i + 1) ~= ARGV[1] then return 0 end
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl > 0 then
+  redis.call('SET', KEYS[1], ARGV[2] .. ':' .. ARGV[1], 'PX', pttl)
+end
+local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+if c < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+end
+return 1
+`)

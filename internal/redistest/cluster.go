@@ -1,0 +1,147 @@
+package redistest
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Cluster is a Redis Cluster of masters (no replicas) on loopback.
+type Cluster struct {
+	// Masters are the cluster's nodes; master i serves an equal share of
+	// the 16384 slots.
+	Masters []*Server
+}
+
+// Addrs returns the masters' addresses.
+func (c *Cluster) Addrs() []string {
+	out := make([]string, len(c.Masters))
+	for i, s := range c.Masters {
+		out[i] = s.Addr
+	}
+	return out
+}
+
+// StartCluster starts n masters with cluster-enabled, assigns every slot
+// (CLUSTER ADDSLOTSRANGE), joins them (CLUSTER MEET) and waits until every
+// node reports cluster_state:ok and knows all slots. It calls t.Fatal on
+// failure.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{}
+	for i := 0; i < n; i++ {
+		c.Masters = append(c.Masters, Start(t, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"))
+	}
+	const slots = 16384
+	for i, s := range c.Masters {
+		lo, hi := i*slots/n, (i+1)*slots/n-1
+		if _, err := s.Do("CLUSTER", "ADDSLOTSRANGE", strconv.Itoa(lo), strconv.Itoa(hi)); err != nil {
+			t.Fatalf("redistest: CLUSTER ADDSLOTSRANGE on %s: %v", s.Addr, err)
+		}
+	}
+	for _, s := range c.Masters[1:] {
+		if _, err := c.Masters[0].Do("CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(s.Port)); err != nil {
+			t.Fatalf("redistest: CLUSTER MEET %s: %v", s.Addr, err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for _, s := range c.Masters {
+		for {
+			err := clusterReady(s, n)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redistest: cluster not ready: %v", err)
+			}
+			time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+		}
+	}
+	return c
+}
+
+func clusterReady(s *Server, n int) error {
+	v, err := s.Do("CLUSTER", "INFO")
+	if err != nil {
+		return err
+	}
+	info, _ := v.(string)
+	if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(n)+"\r") {
+		return fmt.Errorf("%s: %s", s.Addr, info)
+	}
+	v, err = s.Do("CLUSTER", "SLOTS")
+	if err != nil {
+		return err
+	}
+	if a, _ := v.([]any); len(a) != n {
+		return fmt.Errorf("%s: CLUSTER SLOTS has %d ranges, want %d", s.Addr, len(a), n)
+	}
+	return nil
+}
+
+// Sentinel is a master, one replica and one sentinel monitoring the master
+// under the name in Name (quorum 1).
+type Sentinel struct {
+	// Name is the monitored master's name, "mymaster".
+	Name string
+	// Master is the master; Replica replicates it.
+	Master, Replica *Server
+	// Sentinel is the sentinel process.
+	Sentinel *Server
+}
+
+// StartSentinel starts a master, a replica of it and a sentinel, and waits
+// until the replica is in sync and the sentinel knows the master. It calls
+// t.Fatal on failure.
+func StartSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	sn := &Sentinel{Name: "mymaster"}
+	sn.Master = Start(t)
+	sn.Replica = Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(sn.Master.Port))
+	sn.Sentinel = startSentinel(t, sn.Name, sn.Master.Port)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		v, _ := sn.Replica.Do("INFO", "replication")
+		info, _ := v.(string)
+		a, _ := sn.Sentinel.Do("SENTINEL", "get-master-addr-by-name", sn.Name)
+		addr, _ := a.([]any)
+		if strings.Contains(info, "master_link_status:up") && len(addr) == 2 {
+			return sn
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: sentinel set-up not ready: replica %q sentinel %v", info, a)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
+func startSentinel(t testing.TB, name string, masterPort int) *Server {
+	t.Helper()
+	bin := Binary(t)
+	var last error
+	for attempt := 0; attempt < 5; attempt++ {
+		dir := t.TempDir()
+		port, err := FreePort()
+		if err != nil {
+			t.Fatalf("redistest: %v", err)
+		}
+		conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\nsentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n",
+			port, dir, name, masterPort, name, name)
+		path := dir + "/sentinel.conf"
+		if err := writeFile(path, conf); err != nil {
+			t.Fatalf("redistest: %v", err)
+		}
+		s := &Server{t: t, Dir: dir, Port: port, Addr: "127.0.0.1:" + strconv.Itoa(port)}
+		s.args = []string{"--sentinel"}
+		s.confFile = path
+		if last = s.start(bin); last == nil {
+			t.Cleanup(s.cleanup)
+			return s
+		}
+	}
+	t.Fatalf("redistest: cannot start sentinel: %v", last)
+	return nil
+}
