@@ -17,7 +17,10 @@ var errTransient = errors.New("transient: connection reset")
 // faulty wraps a mem Locker and injects faults. Its zero hooks pass through.
 type faulty struct {
 	driver.Locker
-	acquires, refreshes, subscribes atomic.Int64
+	acquires, refreshes, subscribes, releases atomic.Int64
+	// lostReplies makes that many Acquire calls perform the grant and then
+	// report errTransient.
+	lostReplies atomic.Int64
 
 	mu sync.Mutex
 	// failRefresh, when set, makes Refresh return it without reaching the
@@ -26,9 +29,20 @@ type faulty struct {
 	// lostReply makes Acquire perform the grant and then report
 	// errTransient, as when the reply is lost.
 	lostReply bool
+	// failAcquire, when set, fails Acquire calls beyond the first failAfter.
+	failAcquire error
+	failAfter   int64
 }
 
 func newFaulty(s *mem.Store) *faulty { return &faulty{Locker: s.Locker()} }
+
+// setFailAcquire makes every Acquire after the first `after` calls fail with
+// err.
+func (f *faulty) setFailAcquire(err error, after int64) {
+	f.mu.Lock()
+	f.failAcquire, f.failAfter = err, after
+	f.mu.Unlock()
+}
 
 func (f *faulty) setFailRefresh(err error) {
 	f.mu.Lock()
@@ -37,7 +51,13 @@ func (f *faulty) setFailRefresh(err error) {
 }
 
 func (f *faulty) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	f.acquires.Add(1)
+	n := f.acquires.Add(1)
+	f.mu.Lock()
+	ferr, after := f.failAcquire, f.failAfter
+	f.mu.Unlock()
+	if ferr != nil && n > after {
+		return 0, ferr
+	}
 	tok, err := f.Locker.Acquire(ctx, key, owner, ttl)
 	f.mu.Lock()
 	lost := f.lostReply
@@ -45,7 +65,15 @@ func (f *faulty) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 	if err == nil && lost {
 		return 0, errTransient
 	}
+	if err == nil && f.lostReplies.Add(-1) >= 0 {
+		return 0, errTransient
+	}
 	return tok, err
+}
+
+func (f *faulty) Release(ctx context.Context, key, owner string) error {
+	f.releases.Add(1)
+	return f.Locker.Release(ctx, key, owner)
 }
 
 func (f *faulty) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {

@@ -178,6 +178,11 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // a time; the others queue locally, in order, so a release costs the server
 // O(1) commands whatever the number of waiters.
 //
+// The first attempt fails fast: an unreachable backend is an error at once.
+// Once waiting, a transient error (a dropped connection, a leader election)
+// does not end the wait: it is retried with backoff until ctx is done, and
+// the error then returned wraps ctx.Err() and names the last such error.
+//
 // Errors: those of TryAcquire except ErrNotAcquired; when ctx ends first, an
 // error wrapping ctx.Err(); ErrClosed if the Locker is closed meanwhile. A
 // failed or cancelled Acquire leaves nothing held.

@@ -341,3 +341,100 @@ func TestClosedLocker(t *testing.T) {
 		}
 	}
 }
+
+// While waiting, a transient error does not end the wait; attempts whose
+// reply was lost are cleaned up, and that clean-up cannot free the grant that
+// a later attempt wins.
+func TestWaitSurvivesTransientErrors(t *testing.T) {
+	st := mem.NewStore()
+	f := newFaulty(st) // no Waiter: attempts come from the backoff
+	l := locker.New(f)
+	defer l.Close()
+	ctx := ctxT(t, 30*time.Second)
+	holder := st.Locker()
+	if _, err := holder.Acquire(ctx, "k", "holder", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *locker.Lock, 1)
+	go func() {
+		lk, err := l.Acquire(ctx, "k")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lk
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for f.acquires.Load() < 2 { // waiting
+		if time.Now().After(deadline) {
+			t.Fatal("waiter never retried")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	f.lostReplies.Store(3) // the next three grants "lose their reply"
+	if err := holder.Release(ctx, "k", "holder"); err != nil {
+		t.Fatal(err)
+	}
+	lk := <-got
+	if lk == nil {
+		t.FailNow()
+	}
+	defer lk.Release(ctx)
+	for f.releases.Load() < 3 { // the three clean-ups ran
+		if time.Now().After(deadline) {
+			t.Fatalf("%d clean-ups", f.releases.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := lk.Refresh(ctx, time.Minute); err != nil {
+		t.Fatalf("the lock won after transient errors was freed by a clean-up: %v", err)
+	}
+	in, err := l.Inspect(ctx, "k")
+	if err != nil || in.Token != lk.Token() {
+		t.Fatalf("Inspect = %+v, %v; want token %d", in, err, lk.Token())
+	}
+}
+
+// A waiting Acquire whose context ends after transient errors says so.
+func TestWaitReportsLastTransientError(t *testing.T) {
+	st := mem.NewStore()
+	f := newFaulty(st)
+	l := locker.New(f)
+	defer l.Close()
+	if _, err := st.Locker().Acquire(context.Background(), "k", "holder", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	f.setFailAcquire(errTransient, 1) // from the second attempt on
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := l.Acquire(ctx, "k")
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errTransient) {
+		t.Fatalf("Acquire = %v, want the deadline and the last transient error", err)
+	}
+}
+
+// After a server-side wait longer than a quarter of the TTL, the lock's safe
+// deadline is counted from a fresh refresh, not from the start of the wait.
+func TestLongBlockingWaitRefreshes(t *testing.T) {
+	st := mem.NewStore()
+	b := &blocking{faulty: newFaulty(st)}
+	l := locker.New(b)
+	defer l.Close()
+	ctx := ctxT(t, 30*time.Second)
+	holder := st.Locker()
+	if _, err := holder.Acquire(ctx, "k", "holder", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	ttl := time.Second
+	time.AfterFunc(2*ttl, func() { holder.Release(context.Background(), "k", "holder") })
+	lk, err := l.Acquire(ctx, "k", locker.WithTTL(ttl), locker.WithAutoRenew(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Release(ctx)
+	mustOpen(t, lk.Lost(), "a lock granted after a long wait was presumed lost at once")
+	if n := b.refreshes.Load(); n != 1 {
+		t.Fatalf("%d refreshes after the long wait, want 1", n)
+	}
+	// It lives its full TTL from then.
+	waitClosed(t, lk.Lost(), 10*time.Second, "Lost")
+}

@@ -3,6 +3,7 @@ package locker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 )
@@ -132,27 +133,37 @@ func (l *Locker) acquireWait(ctx context.Context, key string, o options) (*Lock,
 
 	delay := backoffMin
 	skip := l.heldHere(q, false)
+	var lastErr error // the last transient error while waiting
 	for {
-		var (
-			lk        *Lock
-			remaining time.Duration
-			err       error = ErrNotAcquired
-		)
+		var remaining time.Duration
+		transient := false
 		if !skip {
 			// Signals that arrived before this attempt are answered by it.
 			drain(q.wake)
 			drain(q.local)
-			lk, remaining, err = l.attempt(ctx, key, o)
-			if err == nil {
+			lk, rem, err := l.attempt(ctx, key, o)
+			switch {
+			case err == nil:
 				l.heldHere(q, true)
-			}
-			if err == nil || !errors.Is(err, ErrNotAcquired) {
-				return lk, err
+				return lk, nil
+			case errors.Is(err, ErrNotAcquired):
+				remaining = rem
+			case ctx.Err() != nil || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalid):
+				return nil, err
+			default:
+				// A transient failure while waiting (a dropped connection,
+				// a leader election): keep waiting, with backoff. The
+				// attempt is being cleaned up in the background, so the
+				// next one uses a fresh owner that clean-up cannot touch.
+				lastErr, transient = err, true
+				if !o.ownerSet {
+					o.owner = newOwner()
+				}
 			}
 		}
 		skip = false
 		wait := delay
-		if q.wake != nil {
+		if q.wake != nil && !transient {
 			wait = fallbackMax
 		} else {
 			delay = min(2*delay, backoffMax)
@@ -175,6 +186,9 @@ func (l *Locker) acquireWait(ctx context.Context, key string, o options) (*Lock,
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
+			if lastErr != nil {
+				return nil, fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), lastErr)
+			}
 			return nil, ctx.Err()
 		case <-l.closing:
 			t.Stop()
@@ -195,18 +209,36 @@ func (l *Locker) acquireBlocking(ctx context.Context, key string, o options) (*L
 		case <-ctx.Done():
 		}
 	}()
-	start := time.Now()
-	token, err := l.blocking.AcquireWait(ctx, key, o.owner, o.ttl)
-	if err != nil {
-		if !o.ownerSet && !errors.Is(err, ErrNotAcquired) {
-			l.cleanup(key, o.owner)
+	for {
+		start := time.Now()
+		token, err := l.blocking.AcquireWait(ctx, key, o.owner, o.ttl)
+		if err != nil {
+			if !o.ownerSet && !errors.Is(err, ErrNotAcquired) {
+				l.cleanup(key, o.owner)
+			}
+			if errors.Is(context.Cause(ctx), ErrClosed) {
+				return nil, ErrClosed
+			}
+			return nil, err
 		}
-		if errors.Is(context.Cause(ctx), ErrClosed) {
-			return nil, ErrClosed
+		if time.Since(start) > o.ttl/4 {
+			// The grant came at some unknown point of a long wait, and
+			// the server counts the TTL from then: count the safe
+			// deadline from a refresh instead of from the start of the
+			// wait.
+			start = time.Now()
+			if err := l.drv.Refresh(ctx, key, o.owner, o.ttl); err != nil {
+				if errors.Is(err, ErrNotHeld) {
+					continue // it expired already (this process was paused): wait again
+				}
+				if !o.ownerSet {
+					l.cleanup(key, o.owner)
+				}
+				return nil, err
+			}
 		}
-		return nil, err
+		return l.adopt(key, o, token, start)
 	}
-	return l.adopt(key, o, token, start)
 }
 
 func drain(ch <-chan struct{}) {

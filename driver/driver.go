@@ -110,11 +110,14 @@ func (e *HeldError) Unwrap() error { return ErrNotAcquired }
 type Waiter interface {
 	// Subscribe starts watching key. From the moment Subscribe returns,
 	// wake receives a value (it is buffered; sends never block) each time
-	// key may have become free: released, expired or deleted. Spurious
-	// wake-ups are allowed; missed ones are not, except across a lost
-	// connection, after which the driver sends one wake-up. cancel ends the
-	// subscription and may be called more than once. Subscribe returns
-	// promptly with ctx.Err() once ctx is done.
+	// key may have become free: released, expired or deleted. A driver
+	// that queues subscribers on the server (etcd) may instead wake only the
+	// subscriber whose turn it is, so a release wakes one process rather
+	// than all. Spurious wake-ups are allowed; missed ones are not, except
+	// across a lost connection, after which the driver sends one wake-up
+	// (package locker also retries on a timer, capped at 2s, as a safety
+	// net). cancel ends the subscription and may be called more than once.
+	// Subscribe returns promptly with ctx.Err() once ctx is done.
 	Subscribe(ctx context.Context, key string) (wake <-chan struct{}, cancel func(), err error)
 }
 

@@ -1,0 +1,112 @@
+// Package etcd is the etcd v3 driver for package locker, on
+// go.etcd.io/etcd/client/v3. It registers itself under the name "etcd", so
+// a blank import is enough:
+//
+//	import _ "github.com/go-locker/locker/drivers/etcd"
+//
+//	l, err := locker.OpenURL("etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/myapp")
+//
+// New adopts a *clientv3.Client the program already has (Close then leaves
+// that client open).
+//
+// # URL
+//
+//	etcd://[user:password@]host:port[,host:port…][/prefix][?param=value&…]
+//
+// The hosts are the endpoints of one etcd cluster (not independent servers:
+// etcd replicates, so there is no Redlock-style quorum here). user and
+// password enable etcd authentication; Open then authenticates at once,
+// within dial_timeout. Otherwise Open makes no request: an unreachable
+// cluster shows up as errors from the first calls.
+//
+// The path is the key prefix, so several applications can share a cluster:
+// "/myapp" (the default is "/locker"). It must be "/" followed by non-empty
+// segments other than "." and "..", of printable characters without spaces;
+// a trailing "/" is ignored. A lock on key K is the etcd key prefix+"/l/"+K;
+// processes waiting for K queue under prefix+"/w/"+len(K)+":"+K+"/".
+//
+// Query parameters (any other is an error wrapping driver.ErrInvalid, as is
+// a parameter given twice):
+//
+//	dial_timeout=5s         bound on connecting (and authenticating)
+//	request_timeout=10s     bound on each request whose context has no deadline
+//	keepalive_time=10s      gRPC keepalive ping interval
+//	keepalive_timeout=5s    how long an unanswered ping takes to drop the connection
+//	auto_sync_interval=0    refresh the endpoint list from the cluster this often (0: never)
+//	min_ttl=2s              shortest TTL accepted, whole seconds (see TTLs)
+//	tls=false               use TLS (implied by any of the four below)
+//	ca_file=                PEM file of CAs to verify the server (default: system roots)
+//	cert_file=, key_file=   client certificate and key, together
+//	server_name=            name to verify the server's certificate against
+//	insecure_skip_verify=false  do not verify the server's certificate (testing only)
+//
+// # How it works
+//
+// Acquire is one transaction: if the lock key's create revision is 0 (the
+// key does not exist), put the owner string with a lease of the TTL; else
+// read the holder. The fencing token is the key's create revision: etcd's
+// revision counter is global to the cluster and never goes back, so tokens
+// strictly increase across release, expiry, re-acquire and restarts. The
+// same owner acquiring again gets the same token and a renewed lease.
+//
+// Every lock has a lease of its own, so a lock nobody refreshes expires after
+// its own TTL whatever the Locker's other locks do. Leases are not renewed in
+// the background: Refresh (which package locker calls every TTL/3) sends one
+// keepalive, so a lease never outlives what package locker believes. A lease
+// freed by Release is kept and reused by a later Acquire with the same TTL,
+// renewed by a keepalive sent in parallel with the Acquire's transaction;
+// the lock is reported held only once that renewal is confirmed, so a lock
+// is never granted on a lease that expired meanwhile. The uncontended path
+// is thus one transaction to acquire and one to release, like a raw put and
+// delete; renewals travel on one long-lived keepalive stream per Locker.
+//
+// Release deletes the key in a transaction that compares its value with the
+// owner and, when this Locker granted the lock, its create revision with the
+// token granted, so that a stale release cannot delete a later incarnation
+// (etcd issue 22082).
+//
+// Waiting (driver.Waiter) uses a queue, as etcd's concurrency.Mutex does:
+// each waiting Locker puts an entry under the key's wait prefix with a
+// session lease (5s, kept alive while the Locker is open); the first entry
+// watches the lock key, every other entry watches the entry before it. A
+// release wakes one process, which tries Acquire; when it leaves the queue,
+// its successor is woken to watch the lock key. The server sees a constant
+// number of requests per handoff, however many processes wait; there is no
+// polling. The queue only chooses whom to wake: the lock is granted by
+// Acquire's transaction alone, with the waiter's own live lease, so a waiter
+// whose lease expired while it waited is never told it holds the lock.
+//
+// # TTLs
+//
+// etcd leases have whole-second TTLs, and a server refuses leases shorter
+// than 1.5 election timeouts (1.5s with the default 1s), silently raising
+// them. The driver therefore reports, through driver.Capable, a minimum TTL
+// of min_ttl (2s) and a granularity of one second, and rejects a shorter TTL
+// with driver.ErrInvalid; package locker rounds TTLs up accordingly. If the
+// server grants a longer lease than asked (its minimum is above min_ttl),
+// Acquire fails with driver.ErrInvalid rather than hold a lock longer than
+// its TTL: raise min_ttl.
+//
+// # Limits
+//
+//   - An expired lease's key is deleted by the leader's lease checker, which
+//     runs every 500ms, so a crashed holder's lock is free up to about half a
+//     second after its TTL; a leader change extends every lease by the
+//     election timeout plus the TTL (etcd renews them on promotion), so a
+//     crashed holder's lock can outlive its TTL during an election. Neither
+//     ever shortens a lock.
+//   - Inspect reports the remaining TTL in whole seconds, rounded down (1ms
+//     when under a second), as etcd does, and costs two requests.
+//   - Without a lost connection, a waiter that is not first in the queue is
+//     woken only when it becomes first; package locker's fallback timer
+//     (2s) still retries. A waiting process keeps its place in the queue
+//     while it has local waiters for the key, so processes are served in
+//     queue order but a process may take the lock several times in a row.
+//   - Release cannot tell two grants to the same owner apart when this
+//     Locker granted both: the driver contract identifies a holder by its
+//     owner string (package locker uses a new random owner per lock).
+//   - Tokens are revisions: a cluster rebuilt from empty data (not restored
+//     from a snapshot) starts them over.
+//   - The first Acquire on a Locker, and one after the spare leases ran
+//     out, costs one more request (a lease grant).
+package etcd

@@ -1,0 +1,321 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
+)
+
+// Scheme is the URL scheme, and the name the driver is registered under.
+const Scheme = "etcd"
+
+// MaxKeyLen is the longest key the driver accepts, in bytes.
+const MaxKeyLen = 4096
+
+// MaxOwnerLen is the longest owner string the driver accepts, in bytes.
+const MaxOwnerLen = 1024
+
+func init() { locker.Register(Scheme, Driver{}) }
+
+var (
+	_ driver.Driver    = Driver{}
+	_ driver.Locker    = (*Locker)(nil)
+	_ driver.Waiter    = (*Locker)(nil)
+	_ driver.Inspector = (*Locker)(nil)
+	_ driver.Capable   = (*Locker)(nil)
+	_ driver.Pinger    = (*Locker)(nil)
+)
+
+// Driver opens Lockers from etcd:// URLs. It is registered with package
+// locker under the name "etcd".
+type Driver struct{}
+
+// Open parses dsn (see the package documentation for the format) and
+// returns a Locker with its own client. It does not wait for the cluster to
+// answer: an unreachable cluster shows up as errors from the first calls,
+// each bounded by request_timeout (unless user and password are given, in
+// which case Open authenticates, within dial_timeout). A malformed URL, an
+// unknown query parameter or an invalid key prefix is an error wrapping
+// driver.ErrInvalid.
+func (Driver) Open(dsn string) (driver.Locker, error) {
+	cfg, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:            cfg.endpoints,
+		AutoSyncInterval:     cfg.autoSync,
+		DialTimeout:          cfg.dialTimeout,
+		DialKeepAliveTime:    cfg.keepAliveTime,
+		DialKeepAliveTimeout: cfg.keepAliveTimeout,
+		TLS:                  cfg.tls,
+		Username:             cfg.username,
+		Password:             cfg.password,
+		Logger:               zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd: connect to %v: %w", cfg.endpoints, err)
+	}
+	return newLocker(c, true, cfg.prefix, cfg.minTTL, cfg.requestTimeout), nil
+}
+
+// Options configures New. The zero value is valid.
+type Options struct {
+	// Prefix is the key prefix, like the URL path: "/app" stores locks
+	// under "/app/l/". Empty means DefaultPrefix ("/locker").
+	Prefix string
+	// MinTTL is the shortest TTL accepted, a whole number of seconds.
+	// Zero means DefaultMinTTL (2s).
+	MinTTL time.Duration
+	// RequestTimeout bounds each request made with a context that has no
+	// deadline. Zero means DefaultRequestTimeout (10s).
+	RequestTimeout time.Duration
+}
+
+// New returns a Locker that uses the caller's client c. Close does not close
+// c. It returns an error wrapping driver.ErrInvalid if c is nil or o is
+// invalid (bad prefix, MinTTL not whole seconds, negative values).
+func New(c *clientv3.Client, o Options) (*Locker, error) {
+	if c == nil {
+		return nil, invalid("nil client")
+	}
+	prefix, err := cleanPrefix(o.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	minTTL := o.MinTTL
+	switch {
+	case minTTL == 0:
+		minTTL = DefaultMinTTL
+	case minTTL < 0 || minTTL%time.Second != 0:
+		return nil, invalid("MinTTL %v: want a positive whole number of seconds", minTTL)
+	}
+	rt := o.RequestTimeout
+	switch {
+	case rt == 0:
+		rt = DefaultRequestTimeout
+	case rt < 0:
+		return nil, invalid("RequestTimeout %v is negative", rt)
+	}
+	return newLocker(c, false, prefix, minTTL, rt), nil
+}
+
+// Locker is the etcd driver.Locker. It also implements driver.Waiter,
+// driver.Inspector, driver.Capable and driver.Pinger. It is safe for
+// concurrent use.
+type Locker struct {
+	c              *clientv3.Client
+	ownsClient     bool
+	prefix         string // "/locker"
+	minTTL         time.Duration
+	requestTimeout time.Duration
+
+	// base is cancelled by Close; watches and background work use it.
+	base   context.Context
+	cancel context.CancelFunc
+	bg     sync.WaitGroup
+	closed atomic.Bool
+
+	mu    sync.Mutex
+	held  map[string]holding // lock key → what this Locker granted
+	spare map[int64][]lease  // TTL seconds → unused leases
+
+	// The session lease holds this Locker's wait-queue entries.
+	sessMu   sync.Mutex
+	sess     clientv3.LeaseID
+	sessDone chan struct{} // closed when the session's keepalive ends
+	seq      atomic.Uint64 // numbers queue entries
+
+	ka keepalives
+}
+
+func newLocker(c *clientv3.Client, owns bool, prefix string, minTTL, rt time.Duration) *Locker {
+	base, cancel := context.WithCancel(context.Background())
+	return &Locker{
+		c:              c,
+		ownsClient:     owns,
+		prefix:         prefix,
+		minTTL:         minTTL,
+		requestTimeout: rt,
+		base:           base,
+		cancel:         cancel,
+		held:           make(map[string]holding),
+		spare:          make(map[int64][]lease),
+	}
+}
+
+// Client returns the underlying etcd client.
+func (l *Locker) Client() *clientv3.Client { return l.c }
+
+// Prefix returns the key prefix, for example "/locker".
+func (l *Locker) Prefix() string { return l.prefix }
+
+// LockKey returns the etcd key that holds the lock named key:
+// prefix + "/l/" + key.
+func (l *Locker) LockKey(key string) string { return l.prefix + "/l/" + key }
+
+// Capabilities reports the minimum TTL (2s unless min_ttl says otherwise),
+// whole-second granularity (etcd leases are whole seconds), and durable
+// tokens (revisions survive restarts; only a cluster rebuilt from empty data
+// starts them over).
+func (l *Locker) Capabilities() driver.Capabilities {
+	return driver.Capabilities{MinTTL: l.minTTL, TTLGranularity: time.Second, DurableTokens: true}
+}
+
+// Ping makes one linearizable read, so it fails when the cluster has no
+// quorum. It returns driver.ErrClosed after Close.
+func (l *Locker) Ping(ctx context.Context) error {
+	if l.closed.Load() {
+		return fmt.Errorf("etcd: ping: %w", driver.ErrClosed)
+	}
+	cctx, cancel := l.opCtx(ctx)
+	defer cancel()
+	if _, err := l.c.Get(cctx, l.prefix+"/ping", clientv3.WithCountOnly()); err != nil {
+		return l.fail(ctx, "ping", "", err)
+	}
+	return nil
+}
+
+// Close stops watches, revokes unused leases (locks still held are left to
+// expire) and, for a Locker from Open, closes the client. It is idempotent;
+// every call after the first returns nil, and other methods return
+// driver.ErrClosed.
+func (l *Locker) Close() error {
+	if l.closed.Swap(true) {
+		return nil
+	}
+	l.mu.Lock() // after this, goBG sees closed and adds no work
+	var spare []lease
+	for _, ls := range l.spare {
+		spare = append(spare, ls...)
+	}
+	l.spare = nil
+	l.mu.Unlock()
+	if len(spare) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), bgTimeout)
+		var wg sync.WaitGroup
+		for _, le := range spare {
+			wg.Add(1)
+			go func() { defer wg.Done(); _, _ = l.c.Revoke(ctx, le.id) }()
+		}
+		wg.Wait()
+		cancel()
+	}
+	l.cancel() // ends watches and the session keepalive
+	l.sessMu.Lock()
+	sess := l.sess
+	l.sess = clientv3.NoLease
+	l.sessMu.Unlock()
+	if sess != clientv3.NoLease {
+		// Deletes this Locker's queue entries, waking their successors.
+		ctx, cancel := context.WithTimeout(context.Background(), bgTimeout)
+		_, _ = l.c.Revoke(ctx, sess)
+		cancel()
+	}
+	l.bg.Wait()
+	if l.ownsClient {
+		if err := l.c.Close(); err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("etcd: close: %w", err)
+		}
+	}
+	return nil
+}
+
+// opCtx bounds a request by requestTimeout when ctx has no deadline.
+func (l *Locker) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, l.requestTimeout)
+}
+
+// fail wraps err from operation op on key: driver.ErrClosed after Close,
+// and ctx.Err() when the caller's context is done.
+func (l *Locker) fail(ctx context.Context, op, key string, err error) error {
+	where := "etcd: " + op
+	if key != "" {
+		where += fmt.Sprintf(" %.100q", key)
+	}
+	if errors.Is(err, driver.ErrClosed) || errors.Is(err, driver.ErrInvalid) ||
+		errors.Is(err, driver.ErrNotHeld) || errors.Is(err, driver.ErrNotAcquired) {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(err, cerr) {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+		return fmt.Errorf("%s: %w (%v)", where, cerr, err)
+	}
+	if l.closed.Load() {
+		return fmt.Errorf("%s: %w", where, driver.ErrClosed)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		// Our own request_timeout, not the caller's deadline.
+		return fmt.Errorf("%s: no answer from %v within the request timeout (%v): %w",
+			where, l.c.Endpoints(), l.requestTimeout, err)
+	}
+	return fmt.Errorf("%s: %w", where, err)
+}
+
+// check validates the arguments shared by the lock operations.
+func (l *Locker) check(op, key, owner string) error {
+	switch {
+	case key == "":
+		return invalid("%s: empty key", op)
+	case len(key) > MaxKeyLen:
+		return invalid("%s: key is %d bytes, the limit is %d", op, len(key), MaxKeyLen)
+	case owner == "":
+		return invalid("%s: empty owner", op)
+	case len(owner) > MaxOwnerLen:
+		return invalid("%s: owner is %d bytes, the limit is %d", op, len(owner), MaxOwnerLen)
+	case l.closed.Load():
+		return fmt.Errorf("etcd: %s: %w", op, driver.ErrClosed)
+	}
+	return nil
+}
+
+// ttlSeconds validates ttl and returns it in whole seconds, rounded up.
+func (l *Locker) ttlSeconds(op string, ttl time.Duration) (int64, error) {
+	if ttl <= 0 {
+		return 0, invalid("%s: ttl %v is not positive", op, ttl)
+	}
+	if ttl < l.minTTL {
+		return 0, invalid("%s: ttl %v is under the minimum %v", op, ttl, l.minTTL)
+	}
+	return int64((ttl + time.Second - 1) / time.Second), nil
+}
+
+// bgTimeout bounds background clean-up requests (revoking leases).
+const bgTimeout = 2 * time.Second
+
+// goBG runs f in the background; Close waits for it. f gets a context that
+// Close does not cancel, bounded by bgTimeout. After Close, f runs in the
+// caller.
+func (l *Locker) goBG(f func(ctx context.Context)) {
+	run := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), bgTimeout)
+		defer cancel()
+		f(ctx)
+	}
+	l.mu.Lock()
+	if l.closed.Load() {
+		l.mu.Unlock()
+		run()
+		return
+	}
+	l.bg.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.bg.Done()
+		run()
+	}()
+}

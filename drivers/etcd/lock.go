@@ -1,0 +1,351 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-locker/locker/driver"
+)
+
+// holding is what this Locker knows of a lock it granted.
+type holding struct {
+	owner string
+	rev   int64 // create revision: the fencing token
+	lease lease
+}
+
+func (l *Locker) remember(k string, h holding) {
+	l.mu.Lock()
+	l.held[k] = h
+	l.mu.Unlock()
+}
+
+// forget drops the record of k if it is for rev (any rev if rev is 0) and
+// returns it.
+func (l *Locker) forget(k string, rev int64) (holding, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, ok := l.held[k]
+	if ok && (rev == 0 || h.rev == rev) {
+		delete(l.held, k)
+		return h, true
+	}
+	return holding{}, false
+}
+
+func (l *Locker) lookup(k string) (holding, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, ok := l.held[k]
+	return h, ok
+}
+
+// Acquire makes one attempt to take key for owner: a single transaction
+// "if the key's create revision is 0, put owner with a lease of ttl
+// (rounded up to whole seconds)", else read the holder. The token is the
+// key's create revision, which etcd keeps increasing across the cluster's
+// whole history. If owner already holds key, the lease is renewed (replaced
+// if ttl changed) and the same token returned.
+//
+// Errors: driver.ErrNotAcquired if another owner holds key;
+// driver.ErrInvalid for an empty or oversized key or owner, or a ttl under
+// the minimum; driver.ErrClosed after Close; ctx.Err() (wrapped) when ctx
+// ends first, in which case the lease created for the attempt is revoked.
+func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	if err := l.check("acquire", key, owner); err != nil {
+		return 0, err
+	}
+	secs, err := l.ttlSeconds("acquire", ttl)
+	if err != nil {
+		return 0, err
+	}
+	cctx, cancel := l.opCtx(ctx)
+	defer cancel()
+	token, err := l.acquire(cctx, l.LockKey(key), owner, secs)
+	if err != nil {
+		return 0, l.fail(ctx, "acquire", key, err)
+	}
+	return token, nil
+}
+
+// acquire is Acquire on the etcd key k. It retries at most a few times when
+// the state it saw changed under it (a reused lease or the holder's lease
+// expired).
+func (l *Locker) acquire(ctx context.Context, k, owner string, secs int64) (uint64, error) {
+	var lastErr error
+	for range 3 {
+		token, retry, err := l.tryAcquire(ctx, k, owner, secs)
+		if !retry {
+			return token, err
+		}
+		lastErr = err
+	}
+	return 0, lastErr
+}
+
+func (l *Locker) tryAcquire(ctx context.Context, k, owner string, secs int64) (token uint64, retry bool, err error) {
+	le, wait, err := l.freshLease(ctx, secs)
+	if err != nil {
+		return 0, false, err
+	}
+	resp, err := l.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, owner, clientv3.WithLease(le.id))).
+		Else(clientv3.OpGet(k)).
+		Commit()
+	kaErr := wait()
+	if err != nil {
+		// Whether or not the put happened, the key lives only as long
+		// as the lease: revoking it leaves nothing behind.
+		l.revokeNow(le.id)
+		if isLeaseNotFound(err) && ctx.Err() == nil {
+			return 0, true, err // a reused lease had expired
+		}
+		return 0, false, err
+	}
+	if resp.Succeeded {
+		if kaErr != nil {
+			// The key is ours but the reused lease's renewal is
+			// unconfirmed: it may expire before the TTL promised.
+			l.revokeBG(le.id)
+			return 0, isLeaseNotFound(kaErr) && ctx.Err() == nil, kaErr
+		}
+		rev := resp.Header.Revision
+		l.remember(k, holding{owner: owner, rev: rev, lease: *le})
+		return uint64(rev), false, nil
+	}
+	if kaErr != nil {
+		l.revokeBG(le.id)
+	} else {
+		defer func() {
+			if le != nil {
+				l.putSpare(*le)
+			}
+		}()
+	}
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) == 0 {
+		return 0, true, errors.New("lock key vanished inside a transaction")
+	}
+	kv := kvs[0]
+	if string(kv.Value) != owner {
+		return 0, false, driver.ErrNotAcquired
+	}
+
+	// Idempotent acquire: owner holds k already. Renew its lease, or move
+	// the key to a lease of the new TTL.
+	cur := lease{id: clientv3.LeaseID(kv.Lease), secs: secs}
+	if h, ok := l.lookup(k); ok && h.rev == kv.CreateRevision && h.lease.id == cur.id {
+		cur = h.lease
+	}
+	granted, err := l.keepAlive(ctx, &cur)
+	if err != nil {
+		if isLeaseNotFound(err) && ctx.Err() == nil {
+			return 0, true, err // it expired just now: try again
+		}
+		return 0, false, err
+	}
+	if granted == secs {
+		l.remember(k, holding{owner: owner, rev: kv.CreateRevision, lease: cur})
+		return uint64(kv.CreateRevision), false, nil
+	}
+	if kaErr != nil {
+		return 0, true, kaErr
+	}
+	moved, err := l.moveLease(ctx, k, owner, kv.CreateRevision, *le)
+	if err != nil {
+		// The key may or may not be on le now: le must not be reused.
+		l.revokeNow(le.id)
+		le = nil
+		return 0, false, err
+	}
+	if !moved {
+		return 0, true, errors.New("lock changed while moving it to a new lease")
+	}
+	l.revokeBG(cur.id)
+	l.remember(k, holding{owner: owner, rev: kv.CreateRevision, lease: *le})
+	tok := uint64(kv.CreateRevision)
+	le = nil // in use now
+	return tok, false, nil
+}
+
+// moveLease attaches k to le if k is still the incarnation rev held by owner.
+func (l *Locker) moveLease(ctx context.Context, k, owner string, rev int64, le lease) (bool, error) {
+	resp, err := l.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(k), "=", rev),
+			clientv3.Compare(clientv3.Value(k), "=", owner)).
+		Then(clientv3.OpPut(k, owner, clientv3.WithLease(le.id))).
+		Commit()
+	if err != nil {
+		return false, err
+	}
+	return resp.Succeeded, nil
+}
+
+// Refresh renews the lease of the lock owner holds on key: a linearizable
+// read of the key, then a lease keepalive, which resets the TTL to the
+// lease's TTL. If ttl (rounded up to whole seconds) differs from it, the key
+// is moved to a new lease of ttl. An expired lease cannot be renewed, so an
+// expired lock is never revived.
+//
+// Errors: driver.ErrNotHeld if owner does not hold key; driver.ErrInvalid,
+// driver.ErrClosed and ctx.Err() as for Acquire.
+func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := l.check("refresh", key, owner); err != nil {
+		return err
+	}
+	secs, err := l.ttlSeconds("refresh", ttl)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := l.opCtx(ctx)
+	defer cancel()
+	if err := l.refresh(cctx, l.LockKey(key), owner, secs); err != nil {
+		return l.fail(ctx, "refresh", key, err)
+	}
+	return nil
+}
+
+func (l *Locker) refresh(ctx context.Context, k, owner string, secs int64) error {
+	r, err := l.c.Get(ctx, k)
+	if err != nil {
+		return err
+	}
+	if len(r.Kvs) == 0 || string(r.Kvs[0].Value) != owner {
+		l.forget(k, 0)
+		return driver.ErrNotHeld
+	}
+	kv := r.Kvs[0]
+	cur := lease{id: clientv3.LeaseID(kv.Lease), secs: secs}
+	if h, ok := l.lookup(k); ok && h.rev == kv.CreateRevision && h.lease.id == cur.id {
+		cur = h.lease
+	}
+	granted, err := l.keepAlive(ctx, &cur)
+	if err != nil {
+		if isLeaseNotFound(err) {
+			l.forget(k, kv.CreateRevision)
+			return driver.ErrNotHeld
+		}
+		return err
+	}
+	if granted != secs {
+		le, wait, err := l.freshLease(ctx, secs)
+		if err != nil {
+			return err
+		}
+		if err := wait(); err != nil {
+			l.revokeBG(le.id)
+			return err
+		}
+		moved, err := l.moveLease(ctx, k, owner, kv.CreateRevision, *le)
+		if err != nil || !moved {
+			l.revokeBG(le.id)
+			if err == nil {
+				err = driver.ErrNotHeld
+			}
+			return err
+		}
+		l.revokeBG(cur.id)
+		cur = *le
+	}
+	l.remember(k, holding{owner: owner, rev: kv.CreateRevision, lease: cur})
+	return nil
+}
+
+// Release deletes key if owner holds it, in one transaction. When this
+// Locker granted the lock, the transaction compares the key's create
+// revision with the token it granted as well as its value with owner, so a
+// stale or retried Release cannot delete a newer incarnation of the lock
+// granted elsewhere to the same owner (etcd #22082); otherwise it compares
+// the value with owner. The lease is kept for reuse by a later Acquire.
+//
+// Errors: driver.ErrNotHeld if owner does not hold key (nothing is
+// changed); driver.ErrInvalid, driver.ErrClosed and ctx.Err() as for
+// Acquire.
+func (l *Locker) Release(ctx context.Context, key, owner string) error {
+	if err := l.check("release", key, owner); err != nil {
+		return err
+	}
+	cctx, cancel := l.opCtx(ctx)
+	defer cancel()
+	if err := l.release(cctx, l.LockKey(key), owner); err != nil {
+		return l.fail(ctx, "release", key, err)
+	}
+	return nil
+}
+
+func (l *Locker) release(ctx context.Context, k, owner string) error {
+	if h, ok := l.lookup(k); ok && h.owner == owner {
+		resp, err := l.c.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.rev),
+				clientv3.Compare(clientv3.Value(k), "=", owner)).
+			Then(clientv3.OpDelete(k)).
+			Commit()
+		if err != nil {
+			return err
+		}
+		if resp.Succeeded {
+			if h, ok := l.forget(k, h.rev); ok {
+				l.putSpare(h.lease)
+			}
+			return nil
+		}
+		// Not the incarnation this Locker granted to owner (that one
+		// expired or was deleted): leave a newer one alone (etcd #22082).
+		l.forget(k, h.rev)
+		return driver.ErrNotHeld
+	}
+	resp, err := l.c.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(k), "=", owner)).
+		Then(clientv3.OpDelete(k, clientv3.WithPrevKV())).
+		Commit()
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return driver.ErrNotHeld
+	}
+	if d := resp.Responses[0].GetResponseDeleteRange(); d != nil && len(d.PrevKvs) == 1 {
+		l.revokeBG(clientv3.LeaseID(d.PrevKvs[0].Lease))
+	}
+	return nil
+}
+
+// Inspect reports the holder of key: its owner, token (create revision)
+// and remaining TTL. etcd reports lease TTLs in whole seconds rounded down,
+// so Remaining is a whole number of seconds, or 1ms when less than a second
+// is left or the lease has expired and the server is about to delete the
+// key. It makes two requests (a read and a lease TimeToLive) and changes
+// nothing.
+//
+// Errors: driver.ErrNotHeld if key is free; driver.ErrInvalid for a bad
+// key; driver.ErrClosed and ctx.Err() as for Acquire.
+func (l *Locker) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	if err := l.check("inspect", key, "-"); err != nil {
+		return driver.Info{}, err
+	}
+	cctx, cancel := l.opCtx(ctx)
+	defer cancel()
+	k := l.LockKey(key)
+	r, err := l.c.Get(cctx, k)
+	if err != nil {
+		return driver.Info{}, l.fail(ctx, "inspect", key, err)
+	}
+	if len(r.Kvs) == 0 {
+		return driver.Info{}, l.fail(ctx, "inspect", key, driver.ErrNotHeld)
+	}
+	kv := r.Kvs[0]
+	info := driver.Info{Owner: string(kv.Value), Token: uint64(kv.CreateRevision)}
+	if kv.Lease == 0 {
+		return info, nil // not written by this driver: no expiry
+	}
+	t, err := l.c.TimeToLive(cctx, clientv3.LeaseID(kv.Lease))
+	if err != nil {
+		return driver.Info{}, l.fail(ctx, "inspect", key, err)
+	}
+	info.Remaining = max(time.Duration(t.TTL)*time.Second, time.Millisecond)
+	return info, nil
+}
