@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-locker/locker/internal/etcdtest"
+	"github.com/go-locker/locker/internal/pgtest"
+	"github.com/go-locker/locker/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// Each server backend once through `locker run`, against its real server
+// started here: contending runs never overlap, --wait 0 is refused while the
+// key is held, status shows the holder, and a signal ends the run and
+// releases the lock.
+
+func TestBackendRedis(t *testing.T) {
+	s := redistest.Start(t)
+	checkBackend(t, s.URL())
+}
+
+func TestBackendRueidis(t *testing.T) {
+	s := redistest.Start(t)
+	checkBackend(t, "rueidis://"+s.Addr)
+}
+
+func TestBackendEtcd(t *testing.T) {
+	c := etcdtest.Start(t)
+	checkBackend(t, c.URL("/locker-cmd-test"))
+}
+
+func TestBackendPostgres(t *testing.T) {
+	s := pgtest.Start(t)
+	checkBackend(t, s.URL())
+}
+
+func checkBackend(t *testing.T, url string) {
+	// Mutual exclusion across processes.
+	log := filepath.Join(t.TempDir(), "log")
+	const n = 3
+	var ps []*proc
+	for range n {
+		ps = append(ps, start(t, nil, append([]string{"run", "--url", url, "--ttl", "5s", "job", "--"}, child("record", log, "50ms")...)...))
+	}
+	for _, p := range ps {
+		drain(p)
+		if code := p.wait(t); code != 0 {
+			t.Fatalf("locker run: code %d, stderr %s", code, p.stderr.String())
+		}
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 2*n {
+		t.Fatalf("log has %d lines, want %d:\n%s", len(lines), 2*n, b)
+	}
+	var last uint64
+	for i := 0; i < len(lines); i += 2 {
+		s, e := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if s[0] != "start" || e[0] != "end" || s[1] != e[1] {
+			t.Fatalf("commands overlapped:\n%s", b)
+		}
+		tok, _ := strconv.ParseUint(s[1], 10, 64)
+		if tok <= last {
+			t.Fatalf("token %d after %d:\n%s", tok, last, b)
+		}
+		last = tok
+	}
+
+	// Held: --wait 0 is refused, status shows the holder.
+	env := []string{"LOCKER_URL=" + url}
+	holder := start(t, env, append([]string{"run", "--ttl", "5s", "job", "--"}, child("signals")...)...)
+	tok := tokenOf(t, holder.expect(t, "ready"))
+	code, _, stderr := run(t, env, append([]string{"run", "--wait", "0", "job", "--"}, child("exit", "0")...)...)
+	if code != exitNotAcquired {
+		t.Fatalf("--wait 0 on a held key: code %d, %s", code, stderr)
+	}
+	code, out, stderr := run(t, env, "status", "job")
+	if code != exitOK || !strings.Contains(out, "token    "+uitoa(tok)+"\n") {
+		t.Fatalf("status of a held key: code %d, %q, %q", code, out, stderr)
+	}
+	holder.signal(t, syscall.SIGTERM)
+	if code := holder.wait(t); code != 7 {
+		t.Fatalf("holder: code %d, %s", code, holder.stderr.String())
+	}
+	if code, out, stderr := run(t, env, "status", "job"); code != exitFree {
+		t.Fatalf("status after release: code %d, %q, %q", code, out, stderr)
+	}
+}
+
+// Deleting the lock on the real Redis under a running command: the command
+// is terminated and locker exits with "lost".
+func TestBackendRedisLockDeleted(t *testing.T) {
+	s := redistest.Start(t)
+	p := start(t, nil, append([]string{"run", "--url", s.URL(), "--ttl", "600ms", "job", "--"}, child("signals")...)...)
+	p.expect(t, "ready")
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	drain(p)
+	if code := p.wait(t); code != exitLost {
+		t.Fatalf("code %d, want %d; stderr %s", code, exitLost, p.stderr.String())
+	}
+	if !strings.Contains(p.stderr.String(), `lock "job" lost while the command ran`) {
+		t.Fatalf("stderr: %s", p.stderr.String())
+	}
+}
+
+// An unreachable server is a one-line configuration error, and nothing runs.
+func TestBackendUnreachable(t *testing.T) {
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, url := range []string{
+		"redis://127.0.0.1:" + strconv.Itoa(port),
+		"rueidis://127.0.0.1:" + strconv.Itoa(port),
+		"postgres://postgres@127.0.0.1:" + strconv.Itoa(port) + "/postgres?sslmode=disable",
+	} {
+		code, out, stderr := run(t, nil, append([]string{"run", "--url", url, "job", "--"}, child("exit", "0")...)...)
+		if code != exitUsage || out != "" {
+			t.Errorf("%s: code %d, output %q; want %d and nothing run", url, code, out, exitUsage)
+		}
+		checkOneLine(t, stderr, "connection refused")
+	}
+}

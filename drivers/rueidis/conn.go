@@ -1,0 +1,159 @@
+package rueidis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/redis/rueidis"
+
+	"github.com/go-locker/locker/internal/rediscore"
+)
+
+// conn adapts a rueidis.Client to rediscore.Conn: one Redis deployment (a
+// single node, a Cluster or a Sentinel-managed master) as the shared scripts
+// see it.
+type conn struct {
+	client rueidis.Client // runs the scripts
+	addr   string         // for error messages
+	owned  []rueidis.Client
+
+	// With client-side-caching waits on one node (not a Cluster), an
+	// acquire attempt on a watched key that is not tracked any more runs on
+	// the watch client, whose reads are tracked: the script's read of the
+	// lock key re-arms the watch in the same round trip.
+	watch rueidis.Client
+	w     *cscWaiter
+
+	// m, when set, supplies client: a Redlock master that may be
+	// reconnecting.
+	m *master
+
+	closeOnce sync.Once
+}
+
+var _ rediscore.Conn = (*conn)(nil)
+
+// scripts maps each shared script to its rueidis.Lua, which runs EVALSHA and
+// falls back to EVAL (loading the script) on NOSCRIPT.
+var scripts sync.Map // *rediscore.Script -> *rueidis.Lua
+
+func luaFor(s *rediscore.Script) *rueidis.Lua {
+	if l, ok := scripts.Load(s); ok {
+		return l.(*rueidis.Lua)
+	}
+	l, _ := scripts.LoadOrStore(s, rueidis.NewLuaScript(s.Src))
+	return l.(*rueidis.Lua)
+}
+
+// Run executes s by EVALSHA, falling back to EVAL on NOSCRIPT.
+func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args ...string) (any, error) {
+	cl, err := c.cl()
+	if err != nil {
+		return nil, err
+	}
+	var resp rueidis.RedisResult
+	if done, ok := c.w.wantsArm(keyOf(s, keys)); ok && c.watch != nil {
+		resp = c.runTracked(ctx, s, keys, args)
+		done(resp.NonRedisError() == nil)
+	} else {
+		resp = luaFor(s).Exec(ctx, cl, keys, args)
+	}
+	msg, err := resp.ToMessage()
+	if err != nil {
+		if rueidis.IsRedisNil(err) {
+			return nil, nil
+		}
+		return nil, c.wrap(ctx, err)
+	}
+	return convert(&msg)
+}
+
+// keyOf returns the lock key an acquire attempt reads, or "".
+func keyOf(s *rediscore.Script, keys []string) string {
+	if s != rediscore.AcquireScript || len(keys) == 0 {
+		return ""
+	}
+	return keys[0]
+}
+
+// runTracked runs s on the watch client, whose connection tracks every key
+// it reads (CLIENT TRACKING ON OPTOUT): the script's read of the lock key
+// re-arms the watch.
+func (c *conn) runTracked(ctx context.Context, s *rediscore.Script, keys, args []string) rueidis.RedisResult {
+	return luaFor(s).Exec(ctx, c.watch, keys, args)
+}
+
+// cl returns the client that runs the scripts.
+func (c *conn) cl() (rueidis.Client, error) {
+	if c.m != nil {
+		return c.m.get()
+	}
+	return c.client, nil
+}
+
+// Ping makes one round trip.
+func (c *conn) Ping(ctx context.Context) error {
+	cl, err := c.cl()
+	if err != nil {
+		return err
+	}
+	if err := cl.Do(ctx, cl.B().Ping().Build()).Error(); err != nil {
+		return c.wrap(ctx, err)
+	}
+	return nil
+}
+
+// Close closes the clients the conn owns.
+func (c *conn) Close() error {
+	c.closeOnce.Do(func() {
+		for _, cl := range c.owned {
+			cl.Close()
+		}
+		if c.m != nil {
+			c.m.close()
+		}
+	})
+	return nil
+}
+
+// wrap names the backend and makes sure a done ctx shows in the error.
+func (c *conn) wrap(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("rueidis: %s: %w (%v)", c.addr, cerr, err)
+	}
+	return fmt.Errorf("rueidis: %s: %w", c.addr, err)
+}
+
+// convert turns a reply into int64, string, []any (nested) or nil.
+func convert(m *rueidis.RedisMessage) (any, error) {
+	switch {
+	case m.IsNil():
+		return nil, nil
+	case m.IsInt64():
+		return m.AsInt64()
+	case m.IsString():
+		return m.ToString()
+	case m.IsBool():
+		b, err := m.AsBool()
+		if err != nil || !b {
+			return nil, err
+		}
+		return int64(1), nil
+	case m.IsArray():
+		arr, err := m.ToArray()
+		if err != nil {
+			return nil, err
+		}
+		out := make([]any, len(arr))
+		for i := range arr {
+			if out[i], err = convert(&arr[i]); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	default:
+		return m.ToAny()
+	}
+}

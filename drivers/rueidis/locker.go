@@ -1,0 +1,426 @@
+package rueidis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/rediscore"
+)
+
+// Scheme is the URL scheme the driver registers under: "rueidis".
+const Scheme = "rueidis"
+
+func init() { locker.Register(Scheme, Driver{}) }
+
+// Driver opens Lockers from rueidis:// URLs. It is registered under Scheme,
+// so locker.OpenURL("rueidis://host:6379") works after a blank import of
+// this package.
+type Driver struct{}
+
+// Open implements driver.Driver; it is Open(dsn).
+func (Driver) Open(dsn string) (driver.Locker, error) {
+	l, err := Open(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Options are the driver options shared with drivers/redis (the same URL
+// parameters: prefix, node_timeout, drift_factor, max_key_len,
+// token_retention). The zero value of every field means its default:
+// Prefix "locker", NodeTimeout 100ms, DriftFactor 0.01, MaxKeyLen 4096
+// bytes, TokenRetention 10m.
+type Options = rediscore.Options
+
+// lockerCore is what rediscore.Node and rediscore.Redlock implement.
+type lockerCore interface {
+	driver.Locker
+	driver.Inspector
+	driver.Capable
+	driver.Pinger
+}
+
+// Locker is a driver.Locker on Redis through rueidis: a single node, a
+// Cluster or a Sentinel-managed master (one round trip per call), or Redlock
+// over several independent masters. It also implements driver.Waiter,
+// driver.Inspector, driver.Capable and driver.Pinger. It is safe for
+// concurrent use.
+type Locker struct {
+	core   lockerCore
+	w      subscriber
+	opts   Options
+	closed chan struct{}
+	once   sync.Once
+}
+
+var (
+	_ driver.Locker    = (*Locker)(nil)
+	_ driver.Waiter    = (*Locker)(nil)
+	_ driver.Inspector = (*Locker)(nil)
+	_ driver.Capable   = (*Locker)(nil)
+	_ driver.Pinger    = (*Locker)(nil)
+)
+
+// Open connects to the servers a rueidis:// URL names (see the package
+// documentation for the format) and returns a Locker that owns its clients.
+// A malformed URL or an unknown query parameter returns an error wrapping
+// driver.ErrInvalid before any I/O. Connection failures (unreachable server,
+// wrong password, a port that does not speak Redis) return an error naming
+// the address and the cause; a single-node or Redlock URL pointing at a
+// replica, or cluster=true on a server without cluster mode, an error that
+// also wraps driver.ErrInvalid. A Redlock URL opens when a quorum of its
+// masters answers (see the package documentation).
+func Open(dsn string) (*Locker, error) {
+	c, err := parseURL(dsn)
+	if err != nil {
+		return nil, err
+	}
+	w := newCSCWaiter()
+	w.perNode = c.opts.NodeTimeout
+	l := &Locker{w: w, opts: c.opts, closed: make(chan struct{})}
+	var all []rueidis.Client
+	closeAll := func() {
+		for _, cl := range all {
+			cl.Close()
+		}
+	}
+	// Each deployment gets two clients: one runs the scripts, without
+	// client-side caching (so rueidis can use its faster synchronous path
+	// when a call has the connection to itself), and one with tracking and
+	// the invalidation hook, for waiting.
+	pair := func(addrs []string, name string) (cmd, watch rueidis.Client, err error) {
+		opt := c.clientOption(addrs, nil)
+		opt.DisableCache = true
+		if cmd, err = newClient(opt, name); err != nil {
+			return nil, nil, err
+		}
+		all = append(all, cmd)
+		if watch, err = newClient(c.clientOption(addrs, w), name); err != nil {
+			return nil, nil, err
+		}
+		all = append(all, watch)
+		return cmd, watch, nil
+	}
+	if c.redlock() {
+		return openRedlock(c, w)
+	}
+	addr := strings.Join(c.addrs, ",")
+	cmd, watch, err := pair(c.addrs, addr)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	if c.cluster && cmd.Mode() != rueidis.ClientModeCluster {
+		closeAll()
+		return nil, fmt.Errorf("rueidis: %s: cluster=true but the server is not a Redis Cluster (cluster mode disabled): %w", addr, driver.ErrInvalid)
+	}
+	if !c.cluster && c.sentinelMaster == "" {
+		if err := checkMaster(cmd, addr, c); err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
+	w.clients = []rueidis.Client{watch}
+	w.piggyback = !c.cluster
+	l.core = rediscore.NewNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, c.opts)
+	return l, nil
+}
+
+// New returns a Locker on a client the caller already has (single node,
+// Cluster or Sentinel). The Locker does not close client, and New makes no
+// round trip. Since rueidis fixes a client's invalidation hook when the
+// client is built, an adopted client waits on the key's pub/sub channel
+// (the release script publishes on it) instead of on client-side-caching
+// invalidations; expiries are covered by package locker's wake-up at the
+// holder's remaining TTL. Use NewWithClientOption to get invalidation-based
+// waits with your own client settings. opts (at most one) sets the key
+// prefix, limits and token retention; zero fields take their defaults.
+// Errors: a nil client or invalid options wrap driver.ErrInvalid.
+func New(client rueidis.Client, opts ...Options) (*Locker, error) {
+	o, err := oneOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if client == nil {
+		return nil, fmt.Errorf("rueidis: nil client: %w", driver.ErrInvalid)
+	}
+	addr := strings.Join(addrsOf(client), ",")
+	return &Locker{
+		core:   rediscore.NewNode(&conn{client: client, addr: addr}, o),
+		w:      newPubSubWaiter([]rueidis.Client{client}, o.NodeTimeout),
+		opts:   o,
+		closed: make(chan struct{}),
+	}, nil
+}
+
+// NewRedlock returns a Locker running Redlock over clients, one per
+// independent master (at least 2; use 3 or more so that a node may fail).
+// The Locker does not close the clients; it waits on pub/sub, as New does.
+// Errors: fewer than 2 clients, a nil client, or invalid options wrap
+// driver.ErrInvalid.
+func NewRedlock(clients []rueidis.Client, opts ...Options) (*Locker, error) {
+	o, err := oneOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if len(clients) < 2 {
+		return nil, fmt.Errorf("rueidis: Redlock needs at least 2 clients, got %d: %w", len(clients), driver.ErrInvalid)
+	}
+	conns := make([]rediscore.Conn, len(clients))
+	for i, c := range clients {
+		if c == nil {
+			return nil, fmt.Errorf("rueidis: client %d is nil: %w", i, driver.ErrInvalid)
+		}
+		conns[i] = &conn{client: c, addr: strings.Join(addrsOf(c), ",")}
+	}
+	return &Locker{
+		core:   rediscore.NewRedlock(conns, o),
+		w:      newPubSubWaiter(slices.Clone(clients), o.NodeTimeout),
+		opts:   o,
+		closed: make(chan struct{}),
+	}, nil
+}
+
+func oneOptions(opts []Options) (Options, error) {
+	var o Options
+	switch len(opts) {
+	case 0:
+	case 1:
+		o = opts[0]
+	default:
+		return o, fmt.Errorf("rueidis: at most one Options, got %d: %w", len(opts), driver.ErrInvalid)
+	}
+	if err := o.Validate(); err != nil {
+		return o, fmt.Errorf("rueidis: %w", err)
+	}
+	return o.WithDefaults(), nil
+}
+
+// NewWithClientOption builds two rueidis clients from opt, as Open does: one
+// that runs the scripts (with DisableCache), and one for waiting, with
+// CLIENT TRACKING ON OPTOUT (opt.ClientTrackingOptions is replaced) and its
+// OnInvalidations hook chained to the Locker's (a hook already in opt is
+// still called). The Locker owns both and waits on invalidations. It makes no ROLE check.
+// opt.DisableCache must be false; opts is as for New. Errors: those of
+// rueidis.NewClient (naming the cause), or driver.ErrInvalid for bad
+// options.
+func NewWithClientOption(opt rueidis.ClientOption, opts ...Options) (*Locker, error) {
+	o, err := oneOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if opt.DisableCache {
+		return nil, fmt.Errorf("rueidis: NewWithClientOption needs client-side caching (DisableCache=false): %w", driver.ErrInvalid)
+	}
+	w := newCSCWaiter()
+	w.perNode = o.NodeTimeout
+	addr := strings.Join(opt.InitAddress, ",")
+	cmdOpt := opt
+	cmdOpt.DisableCache, cmdOpt.OnInvalidations = true, nil
+	cmd, err := newClient(cmdOpt, addr)
+	if err != nil {
+		return nil, err
+	}
+	if prev := opt.OnInvalidations; prev != nil {
+		opt.OnInvalidations = func(m []rueidis.RedisMessage) { w.onInvalidations(m); prev(m) }
+	} else {
+		opt.OnInvalidations = w.onInvalidations
+	}
+	opt.ClientTrackingOptions = trackingOptions
+	watch, err := newClient(opt, addr)
+	if err != nil {
+		cmd.Close()
+		return nil, err
+	}
+	w.clients = []rueidis.Client{watch}
+	w.piggyback = watch.Mode() != rueidis.ClientModeCluster
+	all := []rueidis.Client{cmd, watch}
+	return &Locker{
+		core:   rediscore.NewNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, o),
+		w:      w,
+		opts:   o,
+		closed: make(chan struct{}),
+	}, nil
+}
+
+func addrsOf(c rueidis.Client) []string {
+	var out []string
+	for a := range c.Nodes() {
+		out = append(out, a)
+	}
+	return out
+}
+
+// trackingOptions makes the watch clients' connections track every key they
+// read (OPTOUT), as rueidislock does: an acquire attempt's read inside the
+// script arms the watch without an extra CLIENT CACHING YES.
+var trackingOptions = []string{"OPTOUT"}
+
+// clientOption returns the rueidis options for addrs; w, if not nil, gets
+// the invalidations.
+func (c *config) clientOption(addrs []string, w *cscWaiter) rueidis.ClientOption {
+	opt := rueidis.ClientOption{
+		InitAddress:       addrs,
+		Username:          c.username,
+		Password:          c.password,
+		SelectDB:          c.db,
+		ClientName:        c.clientName,
+		TLSConfig:         c.tlsConfig(addrs[0]),
+		Dialer:            net.Dialer{Timeout: c.dialTimeout},
+		ForceSingleClient: !c.cluster && c.sentinelMaster == "",
+	}
+	if w != nil {
+		opt.OnInvalidations = w.onInvalidations
+		opt.ClientTrackingOptions = trackingOptions
+	}
+	if c.sentinelMaster != "" {
+		opt.Sentinel = rueidis.SentinelOption{
+			MasterSet: c.sentinelMaster,
+			Username:  c.sentinelUser,
+			Password:  c.sentinelPass,
+			Dialer:    net.Dialer{Timeout: c.dialTimeout},
+			TLSConfig: c.tlsConfig(addrs[0]),
+		}
+	}
+	return opt
+}
+
+// newClient builds a client and names the cause when it cannot connect.
+func newClient(opt rueidis.ClientOption, addr string) (rueidis.Client, error) {
+	cl, err := rueidis.NewClient(opt)
+	if err != nil {
+		return nil, fmt.Errorf("rueidis: connect to %s: %w", addr, describe(err))
+	}
+	return cl, nil
+}
+
+// errAuth marks a rejected or missing password.
+var errAuth = errors.New("authentication failed (missing or wrong username or password)")
+
+// describe turns a handshake failure into an error that names its cause.
+func describe(err error) error {
+	var re *rueidis.RedisError
+	msg := err.Error()
+	switch {
+	case errors.As(err, &re) && (strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH")):
+		return fmt.Errorf("%w: %w", errAuth, err)
+	case errors.Is(err, rueidis.ErrNoAddr):
+		return fmt.Errorf("no reachable server: %w", err)
+	case strings.Contains(msg, "connection refused"):
+		return fmt.Errorf("server unreachable: %w", err)
+	case errors.As(err, &re):
+		return err
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("no answer within dial_timeout (not a Redis server, or TLS mismatch?): %w", err)
+	case strings.Contains(msg, "i/o timeout"), strings.Contains(msg, "EOF"),
+		strings.Contains(msg, "unexpected"), strings.Contains(msg, "protocol"),
+		strings.Contains(msg, "unknown message type"):
+		return fmt.Errorf("no Redis answer on this port (not a Redis server, or TLS mismatch?): %w", err)
+	}
+	return err
+}
+
+// checkMaster refuses a single-node (or Redlock) address that is a replica:
+// a lock taken there would be rejected (READONLY) or, with replica-read-only
+// off, invisible to the master. allow_replica=true turns the refusal off.
+func checkMaster(cl rueidis.Client, addr string, c *config) error {
+	if c.allowReplica {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.dialTimeout)
+	defer cancel()
+	arr, err := cl.Do(ctx, cl.B().Role().Build()).ToArray()
+	if err != nil {
+		return fmt.Errorf("rueidis: %s: ROLE: %w", addr, describe(err))
+	}
+	if len(arr) > 0 {
+		if role, _ := arr[0].ToString(); role != "master" {
+			return fmt.Errorf("rueidis: %s is a replica (ROLE %s), not a master: locks written there are lost or refused; point the URL at the master, use sentinel_master, or set allow_replica=true: %w", addr, role, driver.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// Acquire implements driver.Locker: one round trip (a script doing SET NX PX
+// and minting the fencing token) on a single node, Cluster or Sentinel
+// master; Redlock runs it on every master in parallel. When another owner
+// holds key it returns a *driver.HeldError with the holder's remaining TTL.
+// An empty or oversized key, an empty owner or a non-positive ttl wrap
+// driver.ErrInvalid; after Close, driver.ErrClosed; a done ctx, ctx.Err().
+func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	return l.core.Acquire(ctx, key, owner, ttl)
+}
+
+// Refresh implements driver.Locker: one round trip (compare owner, then
+// PEXPIRE). It returns driver.ErrNotHeld if owner does not hold key; an
+// expired lock is never revived.
+func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	return l.core.Refresh(ctx, key, owner, ttl)
+}
+
+// Release implements driver.Locker: one round trip (compare owner, DEL,
+// PUBLISH). The DEL invalidates the key in every client tracking it, which
+// wakes their waiters. It returns driver.ErrNotHeld if owner does not hold
+// key.
+func (l *Locker) Release(ctx context.Context, key, owner string) error {
+	return l.core.Release(ctx, key, owner)
+}
+
+// Inspect implements driver.Inspector; it returns driver.ErrNotHeld if key
+// is free.
+func (l *Locker) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	return l.core.Inspect(ctx, key)
+}
+
+// Capabilities implements driver.Capable: MinTTL 10ms (Redlock: 3 ×
+// node_timeout), millisecond granularity, tokens that survive a server
+// restart (see the package documentation for the clock assumption).
+func (l *Locker) Capabilities() driver.Capabilities { return l.core.Capabilities() }
+
+// Ping implements driver.Pinger: one round trip to every server.
+func (l *Locker) Ping(ctx context.Context) error { return l.core.Ping(ctx) }
+
+// Subscribe implements driver.Waiter. Every local subscriber of one key
+// shares one server-side watch: a client-side-caching read of the lock key
+// (clients from Open and NewWithClientOption), or a SUBSCRIBE to its channel
+// (clients adopted with New). wake receives a value when the key is
+// released, expires or is overwritten, and once after a lost connection.
+// Errors: driver.ErrInvalid for a bad key, driver.ErrClosed after Close,
+// ctx.Err() when ctx is done, or the server's error.
+func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	select {
+	case <-l.closed:
+		return nil, nil, fmt.Errorf("rueidis: %w", driver.ErrClosed)
+	default:
+	}
+	if err := rediscore.CheckKey(key, l.opts.MaxKeyLen); err != nil {
+		return nil, nil, err
+	}
+	lock, _, channel := rediscore.Keys(l.opts.Prefix, key)
+	return l.w.Subscribe(ctx, lock, channel)
+}
+
+// Close closes the clients the Locker owns (not an adopted one) and ends
+// every subscription. Locks still held are left to expire. It is
+// idempotent; later calls of the other methods return driver.ErrClosed.
+func (l *Locker) Close() error {
+	var err error
+	l.once.Do(func() {
+		close(l.closed)
+		err = l.core.Close()
+		l.w.shut()
+	})
+	return err
+}

@@ -1,0 +1,162 @@
+package rueidis
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/redis/rueidis"
+
+	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/rediscore"
+)
+
+// master is one Redlock master. rueidis dials eagerly and fails when the
+// server is down, so Open starts with the masters that answer (a quorum at
+// least) and dials the others again in the background when they are used:
+// a call to a master that is not connected fails at once, and counts as
+// that master's failure in the quorum.
+type master struct {
+	addr string
+	opt  rueidis.ClientOption
+	cfg  *config
+
+	mu      sync.Mutex
+	client  rueidis.Client
+	dialing bool
+	err     error // why the last dial failed
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+// get returns the master's client, or starts dialling it and returns an
+// error naming the last failure.
+func (m *master) get() (rueidis.Client, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.client != nil {
+		return m.client, nil
+	}
+	if m.closed {
+		return nil, fmt.Errorf("rueidis: %w", driver.ErrClosed)
+	}
+	if !m.dialing {
+		m.dialing = true
+		m.wg.Add(1)
+		go m.dial()
+	}
+	return nil, fmt.Errorf("rueidis: %s: not connected (redialling): %w", m.addr, m.err)
+}
+
+// current returns the client if connected, else nil (without dialling).
+func (m *master) current() rueidis.Client {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.client
+}
+
+// connect dials the master and checks its role; it is Open's first attempt.
+func (m *master) connect() error {
+	cl, err := newClient(m.opt, m.addr)
+	if err == nil {
+		if err = checkMaster(cl, m.addr, m.cfg); err != nil {
+			cl.Close()
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		m.err = err
+		return err
+	}
+	m.client = cl
+	return nil
+}
+
+func (m *master) dial() {
+	defer m.wg.Done()
+	cl, err := newClient(m.opt, m.addr)
+	if err == nil {
+		if err = checkMaster(cl, m.addr, m.cfg); err != nil {
+			cl.Close()
+			cl = nil
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dialing = false
+	switch {
+	case m.closed && cl != nil:
+		cl.Close()
+	case err != nil:
+		m.err = err
+	default:
+		m.client = cl
+	}
+}
+
+// close closes the client and waits for a dial in progress.
+func (m *master) close() {
+	m.mu.Lock()
+	m.closed = true
+	cl := m.client
+	m.client = nil
+	m.mu.Unlock()
+	if cl != nil {
+		cl.Close()
+	}
+	m.wg.Wait()
+}
+
+// fatal reports a connection error that retrying will not cure: a
+// rejected password, a replica, a bad setting.
+func fatal(err error) bool {
+	return errors.Is(err, errAuth) || errors.Is(err, driver.ErrInvalid)
+}
+
+// openRedlock connects to every master in parallel and needs a quorum.
+func openRedlock(c *config, w *cscWaiter) (*Locker, error) {
+	ms := make([]*master, len(c.addrs))
+	errs := make([]error, len(c.addrs))
+	var wg sync.WaitGroup
+	for i, a := range c.addrs {
+		ms[i] = &master{addr: a, opt: c.clientOption([]string{a}, w), cfg: c}
+		wg.Go(func() { errs[i] = ms[i].connect() })
+	}
+	wg.Wait()
+	closeAll := func() {
+		for _, m := range ms {
+			m.close()
+		}
+	}
+	up := 0
+	for _, err := range errs {
+		if err == nil {
+			up++
+		} else if fatal(err) {
+			closeAll()
+			return nil, err
+		}
+	}
+	if q := len(ms)/2 + 1; up < q {
+		closeAll()
+		return nil, fmt.Errorf("rueidis: Redlock: %d of %d masters answered, quorum %d: %w", up, len(ms), q, errors.Join(errs...))
+	}
+	conns := make([]rediscore.Conn, len(ms))
+	for i, m := range ms {
+		conns[i] = &conn{addr: m.addr, m: m}
+	}
+	w.masters = ms
+	return &Locker{core: rediscore.NewRedlock(conns, c.opts), w: w, opts: c.opts, closed: make(chan struct{})}, nil
+}
+
+// masterClients returns the clients of the connected masters.
+func masterClients(ms []*master) []rueidis.Client {
+	out := make([]rueidis.Client, 0, len(ms))
+	for _, m := range ms {
+		if cl := m.current(); cl != nil {
+			out = append(out, cl)
+		}
+	}
+	return out
+}

@@ -1,0 +1,110 @@
+package rueidis
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/go-locker/locker/driver"
+)
+
+func TestParseURL(t *testing.T) {
+	c, err := parseURL("rueidis://user:pw@h1:7000/3?prefix=app&dial_timeout=2s&client_name=x&tls=true&node_timeout=20ms&drift_factor=0.02&max_key_len=10&token_retention=1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.username != "user" || c.password != "pw" || c.db != 3 || len(c.addrs) != 1 || c.addrs[0] != "h1:7000" ||
+		c.dialTimeout != 2*time.Second || c.clientName != "x" || !c.tls || c.opts.Prefix != "app" ||
+		c.opts.NodeTimeout != 20*time.Millisecond || c.opts.DriftFactor != 0.02 || c.opts.MaxKeyLen != 10 ||
+		c.opts.TokenRetention != time.Hour || c.redlock() {
+		t.Fatalf("parsed %+v", c)
+	}
+	if tc := c.tlsConfig(c.addrs[0]); tc == nil || tc.ServerName != "h1" {
+		t.Fatalf("tls config %+v", tc)
+	}
+
+	c, err = parseURL("rueidis://h1,h2:7001,[::1]:7002,[::2]")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(c.addrs, " ") != "h1:6379 h2:7001 [::1]:7002 [::2]:6379" || !c.redlock() {
+		t.Fatalf("hosts %v redlock %v", c.addrs, c.redlock())
+	}
+	c, err = parseURL("rueidis://")
+	if err != nil || c.addrs[0] != "127.0.0.1:6379" || c.opts.Prefix != "locker" || c.dialTimeout != DefaultDialTimeout {
+		t.Fatalf("defaults: %+v %v", c, err)
+	}
+	c, err = parseURL("rueidis://h1,h2?cluster=true")
+	if err != nil || !c.cluster || c.redlock() {
+		t.Fatalf("cluster: %+v %v", c, err)
+	}
+	c, err = parseURL("rueidis://s1,s2?sentinel_master=m&sentinel_password=p&sentinel_username=u")
+	if err != nil || c.sentinelMaster != "m" || c.sentinelPass != "p" || c.sentinelUser != "u" || c.redlock() {
+		t.Fatalf("sentinel: %+v %v", c, err)
+	}
+}
+
+func TestParseURLErrors(t *testing.T) {
+	for _, dsn := range []string{
+		"redis://h1",                       // wrong scheme
+		"rueidis://h1?bogus=1",             // unknown parameter
+		"rueidis://h1?cluster=maybe",       // bad bool
+		"rueidis://h1?cluster=1&cluster=0", // repeated
+		"rueidis://h1?cluster=true&sentinel_master=m",
+		"rueidis://h1?sentinel_password=p", // needs sentinel_master
+		"rueidis://h1/x",                   // bad db
+		"rueidis://h1/1?cluster=true",      // cluster has db 0 only
+		"rueidis://h1:99999",               // bad port
+		"rueidis://h1,,h2",                 // empty host
+		"rueidis://h1?dial_timeout=-1s",
+		"rueidis://h1?dial_timeout=soon",
+		"rueidis://h1?prefix=a{b}",
+		"rueidis://h1?node_timeout=0s",
+		"rueidis://h1?drift_factor=0.7",
+		"rueidis://h1?max_key_len=-1",
+		"rueidis://h1?client_name=",
+		"rueidis://h1?cluster=true&allow_replica=true",
+		"rueidis://:pw@h1:%zz", // malformed
+		"rueidis:opaque",
+		"rueidis://h1,h1",                        // duplicate
+		"rueidis://h1?insecure_skip_verify=true", // needs tls
+
+	} {
+		c, err := parseURL(dsn)
+		if err == nil {
+			t.Errorf("parseURL(%q) = %+v, want an error", dsn, c)
+			continue
+		}
+		if !errors.Is(err, driver.ErrInvalid) {
+			t.Errorf("parseURL(%q) = %v, want ErrInvalid", dsn, err)
+		}
+		if strings.Contains(err.Error(), "pw") {
+			t.Errorf("parseURL(%q) error leaks the password: %v", dsn, err)
+		}
+		// Open fails the same way, before any I/O.
+		if _, oerr := Open(dsn); !errors.Is(oerr, driver.ErrInvalid) {
+			t.Errorf("Open(%q) = %v, want ErrInvalid", dsn, oerr)
+		}
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	if _, err := New(nil); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatalf("New(nil): %v", err)
+	}
+	if _, err := New(nil, Options{}, Options{}); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatalf("New with two Options: %v", err)
+	}
+	if _, err := NewRedlock(nil); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatalf("NewRedlock(nil): %v", err)
+	}
+	if _, err := NewWithClientOption(rueidis.ClientOption{DisableCache: true}); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatalf("NewWithClientOption(DisableCache): %v", err)
+	}
+	if _, err := New(nil, Options{Prefix: "a{"}); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatalf("New with a bad prefix: %v", err)
+	}
+}
