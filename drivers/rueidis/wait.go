@@ -427,7 +427,6 @@ func (w *pubsubWaiter) run(ctx context.Context, client rueidis.Client, channel s
 	var once sync.Once
 	settle := func(err error) { once.Do(func() { settled <- err }) }
 	defer settle(rediscore.ErrHubClosed)
-	sub := client.B().Subscribe().Channel(channel).Build()
 	var confirmed atomic.Bool
 	delay := 10 * time.Millisecond
 	for ctx.Err() == nil {
@@ -448,6 +447,9 @@ func (w *pubsubWaiter) run(ctx context.Context, client rueidis.Client, channel s
 			}
 			return err
 		})
+		// A fresh command each time: rueidis recycles a command once it
+		// has been sent.
+		sub := client.B().Subscribe().Channel(channel).Build()
 		err := client.Receive(hctx, sub, func(rueidis.PubSubMessage) { w.hub.Wake(channel) })
 		if ctx.Err() != nil {
 			return
