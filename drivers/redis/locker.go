@@ -86,16 +86,16 @@ func Open(dsn string) (*Locker, error) {
 		return nil, err
 	}
 	var l *Locker
-	if c.mode() == "redlock" {
-		clients := make([]redis.UniversalClient, len(c.addrs))
-		for i, a := range c.addrs {
+	if c.Mode() == "redlock" {
+		clients := make([]redis.UniversalClient, len(c.Addrs))
+		for i, a := range c.Addrs {
 			clients[i] = redis.NewClient(c.nodeOptions(a))
 		}
-		l = newRedlock(clients, c.opts, true)
+		l = newRedlock(clients, c.Options, true)
 	} else {
-		l = newLocker(c.client(), c.opts, true)
+		l = newLocker(c.client(), c.Options, true)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.dialTimeout+c.readTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout+c.readTimeout)
 	defer cancel()
 	if err := l.check(ctx, c); err != nil {
 		_ = l.Close()
@@ -182,9 +182,9 @@ func newRedlock(clients []redis.UniversalClient, o Options, owns bool) *Locker {
 
 // check is Open's start-up check (see Open).
 func (l *Locker) check(ctx context.Context, c *config) error {
-	if c.mode() == "cluster" || c.mode() == "sentinel" {
+	if c.Mode() == "cluster" || c.Mode() == "sentinel" {
 		if err := l.subs[0].client.Ping(ctx).Err(); err != nil {
-			return fmt.Errorf("redis: %s at %s: %w", c.mode(), strings.Join(c.addrs, ","), explain(err))
+			return fmt.Errorf("redis: %s at %s: %w", c.Mode(), strings.Join(c.Addrs, ","), explain(err))
 		}
 		return nil
 	}
@@ -192,7 +192,7 @@ func (l *Locker) check(ctx context.Context, c *config) error {
 	var wg sync.WaitGroup
 	for i, s := range l.subs {
 		wg.Go(func() {
-			errs[i] = checkMaster(ctx, s.client, c.addrs[i], c.allowReplica)
+			errs[i] = checkMaster(ctx, s.client, c.Addrs[i], c.AllowReplica)
 		})
 	}
 	wg.Wait()

@@ -15,10 +15,10 @@ func TestParseURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.mode() != "redlock" || strings.Join(c.addrs, " ") != "h1:7000 h2:6379 [::1]:7002" || c.db != 3 ||
-		c.username != "user" || c.password != "pw" || c.opts.Prefix != "app" || c.dialTimeout != time.Second ||
-		c.readTimeout != 2*time.Second || c.writeTimeout != 3*time.Second || c.poolSize != 7 || c.clientName != "x" ||
-		c.opts.NodeTimeout != 30*time.Millisecond || !c.allowReplica || c.tls {
+	if c.Mode() != "redlock" || strings.Join(c.Addrs, " ") != "h1:7000 h2:6379 [::1]:7002" || c.DB != 3 ||
+		c.Username != "user" || c.Password != "pw" || c.Options.Prefix != "app" || c.DialTimeout != time.Second ||
+		c.readTimeout != 2*time.Second || c.writeTimeout != 3*time.Second || c.poolSize != 7 || c.ClientName != "x" ||
+		c.Options.NodeTimeout != 30*time.Millisecond || !c.AllowReplica || c.TLS {
 		t.Fatalf("%+v", c)
 	}
 	for dsn, mode := range map[string]string{
@@ -36,11 +36,11 @@ func TestParseURL(t *testing.T) {
 			t.Errorf("%s: %v", dsn, err)
 			continue
 		}
-		if c.mode() != mode {
-			t.Errorf("%s: mode %s, want %s", dsn, c.mode(), mode)
+		if c.Mode() != mode {
+			t.Errorf("%s: mode %s, want %s", dsn, c.Mode(), mode)
 		}
 	}
-	if c, _ := parseURL("rediss://h:1"); !c.tls || c.tlsConfig() == nil || c.nodeOptions("h:1").TLSConfig == nil {
+	if c, _ := parseURL("rediss://h:1"); !c.TLS || c.tlsConfig() == nil || c.nodeOptions("h:1").TLSConfig == nil {
 		t.Fatal("rediss does not enable TLS")
 	}
 }

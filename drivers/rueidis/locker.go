@@ -88,8 +88,8 @@ func Open(dsn string) (*Locker, error) {
 		return nil, err
 	}
 	w := newCSCWaiter()
-	w.perNode = c.opts.NodeTimeout
-	l := &Locker{w: w, opts: c.opts, closed: make(chan struct{})}
+	w.perNode = c.Options.NodeTimeout
+	l := &Locker{w: w, opts: c.Options, closed: make(chan struct{})}
 	var all []rueidis.Client
 	closeAll := func() {
 		for _, cl := range all {
@@ -116,25 +116,25 @@ func Open(dsn string) (*Locker, error) {
 	if c.redlock() {
 		return openRedlock(c, w)
 	}
-	addr := strings.Join(c.addrs, ",")
-	cmd, watch, err := pair(c.addrs, addr)
+	addr := strings.Join(c.Addrs, ",")
+	cmd, watch, err := pair(c.Addrs, addr)
 	if err != nil {
 		closeAll()
 		return nil, err
 	}
-	if c.cluster && cmd.Mode() != rueidis.ClientModeCluster {
+	if c.Cluster && cmd.Mode() != rueidis.ClientModeCluster {
 		closeAll()
 		return nil, fmt.Errorf("rueidis: %s: cluster=true but the server is not a Redis Cluster (cluster mode disabled): %w", addr, driver.ErrInvalid)
 	}
-	if !c.cluster && c.sentinelMaster == "" {
+	if !c.Cluster && c.SentinelMaster == "" {
 		if err := checkMaster(cmd, addr, c); err != nil {
 			closeAll()
 			return nil, err
 		}
 	}
 	w.clients = []rueidis.Client{watch}
-	w.piggyback = !c.cluster
-	l.core = rediscore.NewNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, c.opts)
+	w.piggyback = !c.Cluster
+	l.core = rediscore.NewNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, c.Options)
 	return l, nil
 }
 
@@ -273,24 +273,24 @@ var trackingOptions = []string{"OPTOUT"}
 func (c *config) clientOption(addrs []string, w *cscWaiter) rueidis.ClientOption {
 	opt := rueidis.ClientOption{
 		InitAddress:       addrs,
-		Username:          c.username,
-		Password:          c.password,
-		SelectDB:          c.db,
-		ClientName:        c.clientName,
+		Username:          c.Username,
+		Password:          c.Password,
+		SelectDB:          c.DB,
+		ClientName:        c.ClientName,
 		TLSConfig:         c.tlsConfig(addrs[0]),
-		Dialer:            net.Dialer{Timeout: c.dialTimeout},
-		ForceSingleClient: !c.cluster && c.sentinelMaster == "",
+		Dialer:            net.Dialer{Timeout: c.DialTimeout},
+		ForceSingleClient: !c.Cluster && c.SentinelMaster == "",
 	}
 	if w != nil {
 		opt.OnInvalidations = w.onInvalidations
 		opt.ClientTrackingOptions = trackingOptions
 	}
-	if c.sentinelMaster != "" {
+	if c.SentinelMaster != "" {
 		opt.Sentinel = rueidis.SentinelOption{
-			MasterSet: c.sentinelMaster,
-			Username:  c.sentinelUser,
-			Password:  c.sentinelPass,
-			Dialer:    net.Dialer{Timeout: c.dialTimeout},
+			MasterSet: c.SentinelMaster,
+			Username:  c.SentinelUsername,
+			Password:  c.SentinelPassword,
+			Dialer:    net.Dialer{Timeout: c.DialTimeout},
 			TLSConfig: c.tlsConfig(addrs[0]),
 		}
 	}
@@ -336,10 +336,10 @@ func describe(err error) error {
 // a lock taken there would be rejected (READONLY) or, with replica-read-only
 // off, invisible to the master. allow_replica=true turns the refusal off.
 func checkMaster(cl rueidis.Client, addr string, c *config) error {
-	if c.allowReplica {
+	if c.AllowReplica {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.dialTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout)
 	defer cancel()
 	arr, err := cl.Do(ctx, cl.B().Role().Build()).ToArray()
 	if err != nil {

@@ -116,10 +116,10 @@ func fatal(err error) bool {
 
 // openRedlock connects to every master in parallel and needs a quorum.
 func openRedlock(c *config, w *cscWaiter) (*Locker, error) {
-	ms := make([]*master, len(c.addrs))
-	errs := make([]error, len(c.addrs))
+	ms := make([]*master, len(c.Addrs))
+	errs := make([]error, len(c.Addrs))
 	var wg sync.WaitGroup
-	for i, a := range c.addrs {
+	for i, a := range c.Addrs {
 		ms[i] = &master{addr: a, opt: c.clientOption([]string{a}, w), cfg: c}
 		wg.Go(func() { errs[i] = ms[i].connect() })
 	}
@@ -147,7 +147,7 @@ func openRedlock(c *config, w *cscWaiter) (*Locker, error) {
 		conns[i] = &conn{addr: m.addr, m: m}
 	}
 	w.masters = ms
-	return &Locker{core: rediscore.NewRedlock(conns, c.opts), w: w, opts: c.opts, closed: make(chan struct{})}, nil
+	return &Locker{core: rediscore.NewRedlock(conns, c.Options), w: w, opts: c.Options, closed: make(chan struct{})}, nil
 }
 
 // masterClients returns the clients of the connected masters.

@@ -16,13 +16,13 @@ func TestParseURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.username != "user" || c.password != "pw" || c.db != 3 || len(c.addrs) != 1 || c.addrs[0] != "h1:7000" ||
-		c.dialTimeout != 2*time.Second || c.clientName != "x" || !c.tls || c.opts.Prefix != "app" ||
-		c.opts.NodeTimeout != 20*time.Millisecond || c.opts.DriftFactor != 0.02 || c.opts.MaxKeyLen != 10 ||
-		c.opts.TokenRetention != time.Hour || c.redlock() {
+	if c.Username != "user" || c.Password != "pw" || c.DB != 3 || len(c.Addrs) != 1 || c.Addrs[0] != "h1:7000" ||
+		c.DialTimeout != 2*time.Second || c.ClientName != "x" || !c.TLS || c.Options.Prefix != "app" ||
+		c.Options.NodeTimeout != 20*time.Millisecond || c.Options.DriftFactor != 0.02 || c.Options.MaxKeyLen != 10 ||
+		c.Options.TokenRetention != time.Hour || c.redlock() {
 		t.Fatalf("parsed %+v", c)
 	}
-	if tc := c.tlsConfig(c.addrs[0]); tc == nil || tc.ServerName != "h1" {
+	if tc := c.tlsConfig(c.Addrs[0]); tc == nil || tc.ServerName != "h1" {
 		t.Fatalf("tls config %+v", tc)
 	}
 
@@ -30,19 +30,19 @@ func TestParseURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(c.addrs, " ") != "h1:6379 h2:7001 [::1]:7002 [::2]:6379" || !c.redlock() {
-		t.Fatalf("hosts %v redlock %v", c.addrs, c.redlock())
+	if strings.Join(c.Addrs, " ") != "h1:6379 h2:7001 [::1]:7002 [::2]:6379" || !c.redlock() {
+		t.Fatalf("hosts %v redlock %v", c.Addrs, c.redlock())
 	}
 	c, err = parseURL("rueidis://")
-	if err != nil || c.addrs[0] != "127.0.0.1:6379" || c.opts.Prefix != "locker" || c.dialTimeout != DefaultDialTimeout {
+	if err != nil || c.Addrs[0] != "127.0.0.1:6379" || c.Options.Prefix != "locker" || c.DialTimeout != DefaultDialTimeout {
 		t.Fatalf("defaults: %+v %v", c, err)
 	}
 	c, err = parseURL("rueidis://h1,h2?cluster=true")
-	if err != nil || !c.cluster || c.redlock() {
+	if err != nil || !c.Cluster || c.redlock() {
 		t.Fatalf("cluster: %+v %v", c, err)
 	}
 	c, err = parseURL("rueidis://s1,s2?sentinel_master=m&sentinel_password=p&sentinel_username=u")
-	if err != nil || c.sentinelMaster != "m" || c.sentinelPass != "p" || c.sentinelUser != "u" || c.redlock() {
+	if err != nil || c.SentinelMaster != "m" || c.SentinelPassword != "p" || c.SentinelUsername != "u" || c.redlock() {
 		t.Fatalf("sentinel: %+v %v", c, err)
 	}
 }

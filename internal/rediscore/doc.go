@@ -1,7 +1,8 @@
 // Package rediscore is the Redis locking logic shared by drivers/redis
 // (go-redis) and drivers/rueidis: the Lua scripts, key naming, the
-// single-deployment Node, the Redlock quorum logic and a subscription Hub.
-// Each driver implements Conn for its client and is otherwise a thin adapter.
+// single-deployment Node, the Redlock quorum logic, a subscription Hub and
+// the URL format both drivers parse (ParseURL, Options). Each driver
+// implements Conn for its client and is otherwise a thin adapter.
 //
 // # Keys and values
 //
