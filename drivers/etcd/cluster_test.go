@@ -230,3 +230,56 @@ func TestClusterHolderCutOff(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A server restart (a crash, then a start from its data directory) keeps
+// the revision, and so the fencing token, increasing: the token of the first
+// grant after the restart is above every token before it. A lock held
+// across the crash is seen as lost by its holder.
+func TestTokensSurviveServerRestart(t *testing.T) {
+	c := etcdtest.Start(t)
+	m := c.Members[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, _ := openLocker(t, c.URL("/restart"))
+	var last uint64
+	for range 3 {
+		lk, err := l.TryAcquire(ctx, "k", locker.WithTTL(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = lk.Token()
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := l.TryAcquire(ctx, "held", locker.WithTTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last = max(last, held.Token())
+	m.Kill()
+	select {
+	case <-held.Lost():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the holder did not see Lost() while the server was down")
+	}
+	if err := m.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	l2, _ := openLocker(t, c.URL("/restart"))
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		lk, err := l2.TryAcquire(ctx, "k", locker.WithTTL(2*time.Second))
+		if err == nil {
+			if lk.Token() <= last {
+				t.Fatalf("token %d after a server restart is not above %d from before it", lk.Token(), last)
+			}
+			_ = lk.Release(ctx)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no grant within 60s of the restart: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // the restarted server is electing itself
+	}
+}
