@@ -178,6 +178,12 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // a time; the others queue locally, in order, so a release costs the server
 // O(1) commands whatever the number of waiters.
 //
+// Fairness: callers of one Locker waiting for one key are served in order.
+// Across processes there is no such promise: a caller that arrives just as
+// the key is released may take it before a process that has been waiting
+// (as with sync.Mutex), even on etcd, whose queue decides only which
+// waiting process is woken.
+//
 // The first attempt fails fast: an unreachable backend is an error at once.
 // Once waiting, a transient error (a dropped connection, a leader election)
 // does not end the wait: it is retried with backoff until ctx is done, and
