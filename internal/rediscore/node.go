@@ -67,10 +67,17 @@ func checkTTL(ttl time.Duration) error {
 }
 
 func (n *Node) check(ctx context.Context, key, owner string, ttl time.Duration, needTTL, needOwner bool) error {
-	if n.closed.Load() {
+	return checkCall(ctx, n.closed.Load(), n.o.MaxKeyLen, key, owner, ttl, needTTL, needOwner)
+}
+
+// checkCall validates one call's arguments, for Node and Redlock alike:
+// ErrClosed, then the key, the owner and the ttl (driver.ErrInvalid), then
+// ctx.
+func checkCall(ctx context.Context, closed bool, maxKeyLen int, key, owner string, ttl time.Duration, needTTL, needOwner bool) error {
+	if closed {
 		return fmt.Errorf("redis: %w", driver.ErrClosed)
 	}
-	if err := CheckKey(key, n.o.MaxKeyLen); err != nil {
+	if err := CheckKey(key, maxKeyLen); err != nil {
 		return err
 	}
 	if needOwner {

@@ -132,26 +132,7 @@ func (r *Redlock) eachExcept(ctx context.Context, skip int, s *Script, keys []st
 var errNoAnswer = errors.New("no answer")
 
 func (r *Redlock) check(ctx context.Context, key, owner string, ttl time.Duration, needTTL, needOwner bool) error {
-	if r.closed.Load() {
-		return fmt.Errorf("redis: %w", driver.ErrClosed)
-	}
-	if err := CheckKey(key, r.o.MaxKeyLen); err != nil {
-		return err
-	}
-	if needOwner {
-		if err := checkOwner(owner); err != nil {
-			return err
-		}
-	}
-	if needTTL {
-		if err := checkTTL(ttl); err != nil {
-			return err
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
-	return nil
+	return checkCall(ctx, r.closed.Load(), r.o.MaxKeyLen, key, owner, ttl, needTTL, needOwner)
 }
 
 func firstErr(res []result) error {
