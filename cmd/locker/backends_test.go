@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -43,38 +41,7 @@ func TestBackendPostgres(t *testing.T) {
 
 func checkBackend(t *testing.T, url string) {
 	// Mutual exclusion across processes.
-	log := filepath.Join(t.TempDir(), "log")
-	const n = 3
-	var ps []*proc
-	for range n {
-		ps = append(ps, start(t, nil, append([]string{"run", "--url", url, "--ttl", "5s", "job", "--"}, child("record", log, "50ms")...)...))
-	}
-	for _, p := range ps {
-		drain(p)
-		if code := p.wait(t); code != 0 {
-			t.Fatalf("locker run: code %d, stderr %s", code, p.stderr.String())
-		}
-	}
-	b, err := os.ReadFile(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) != 2*n {
-		t.Fatalf("log has %d lines, want %d:\n%s", len(lines), 2*n, b)
-	}
-	var last uint64
-	for i := 0; i < len(lines); i += 2 {
-		s, e := strings.Fields(lines[i]), strings.Fields(lines[i+1])
-		if s[0] != "start" || e[0] != "end" || s[1] != e[1] {
-			t.Fatalf("commands overlapped:\n%s", b)
-		}
-		tok, _ := strconv.ParseUint(s[1], 10, 64)
-		if tok <= last {
-			t.Fatalf("token %d after %d:\n%s", tok, last, b)
-		}
-		last = tok
-	}
+	checkMutualExclusion(t, url, 3)
 
 	// Held: --wait 0 is refused, status shows the holder.
 	env := []string{"LOCKER_URL=" + url}

@@ -77,8 +77,15 @@ func TestRunDefaultURL(t *testing.T) {
 // increasing tokens.
 func TestRunMutualExclusion(t *testing.T) {
 	url := fileURL(t)
+	checkMutualExclusion(t, url, 4)
+}
+
+// checkMutualExclusion runs n `locker run`s of one recording command on one
+// key at once, against url, and checks from the log that the commands ran
+// one after another with strictly increasing tokens.
+func checkMutualExclusion(t *testing.T, url string, n int) {
+	t.Helper()
 	log := filepath.Join(t.TempDir(), "log")
-	const n = 4
 	var ps []*proc
 	for range n {
 		ps = append(ps, start(t, nil, append([]string{"run", "--url", url, "--ttl", "5s", "job", "--"}, child("record", log, "50ms")...)...))
