@@ -61,7 +61,7 @@ func TestConformanceAdopted(t *testing.T) {
 	conformance.Run(t, conformance.Harness{
 		Open: func(ctx context.Context) (driver.Locker, error) {
 			cl := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
-			l, err := New(cl, Options{MaxKeyLen: 4096})
+			l, err := New(cl, Options{})
 			if err != nil {
 				cl.Close()
 				return nil, err
@@ -85,10 +85,7 @@ func (c *closeBoth) Close() error {
 
 func TestConformanceRedlock(t *testing.T) {
 	ms := redistest.StartN(t, 5)
-	addrs := make([]string, len(ms))
-	for i, m := range ms {
-		addrs[i] = m.Addr
-	}
+	addrs := redistest.Addrs(ms)
 	// node_timeout 200ms: generous for a loaded machine under -race.
 	dsn := withParams(urlOf(addrs...), "node_timeout=200ms")
 	l := openT(t, dsn)

@@ -210,10 +210,7 @@ func TestServerRestartWhileHeld(t *testing.T) {
 // clear error) with three killed.
 func TestRedlockFailures(t *testing.T) {
 	ms := redistest.StartN(t, 5)
-	addrs := make([]string, len(ms))
-	for i, m := range ms {
-		addrs[i] = m.Addr
-	}
+	addrs := redistest.Addrs(ms)
 	dsn := urlOf(addrs...) + "?node_timeout=300ms&dial_timeout=300ms"
 	l, err := locker.OpenURL(dsn)
 	if err != nil {

@@ -207,10 +207,7 @@ func TestSubscribeContextAndClose(t *testing.T) {
 // error with three down.
 func TestRedlockSubscribe(t *testing.T) {
 	ms := redistest.StartN(t, 5)
-	addrs := make([]string, len(ms))
-	for i, m := range ms {
-		addrs[i] = m.Addr
-	}
+	addrs := redistest.Addrs(ms)
 	dsn := urlOf(addrs...) + "?node_timeout=300ms&dial_timeout=300ms"
 	l := openT(t, dsn)
 	holder := openT(t, dsn)

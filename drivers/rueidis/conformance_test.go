@@ -65,13 +65,10 @@ func (c *closeBoth) Close() error {
 
 func TestConformanceRedlock(t *testing.T) {
 	ms := redistest.StartN(t, 5)
-	addrs := make([]string, len(ms))
-	for i, m := range ms {
-		addrs[i] = m.Addr
-	}
+	addrs := redistest.Addrs(ms)
 	// A node_timeout above the default 100ms: under -race on a loaded
-	// 2-core host a node can miss 100ms, and package locker does not retry
-	// a failed grant inside a wait, which Locker/Contention counts.
+	// 2-core host a node can miss 100ms, and a missed quorum costs a
+	// retry and a clean-up on every node.
 	dsn := urlOf(addrs...) + "?node_timeout=250ms"
 	l := openT(t, dsn)
 	conformance.Run(t, openHarness(dsn, l.Capabilities().MinTTL))

@@ -15,10 +15,7 @@ import (
 // safely, with a clear error and no grant, with three killed.
 func TestRedlockMinorityAndMajorityDown(t *testing.T) {
 	ms := redistest.StartN(t, 5)
-	addrs := make([]string, len(ms))
-	for i, m := range ms {
-		addrs[i] = m.Addr
-	}
+	addrs := redistest.Addrs(ms)
 	d := openT(t, urlOf(addrs...))
 	l := locker.New(d)
 	ctx := ctxT(t, 60*time.Second)
@@ -75,10 +72,7 @@ func TestRedlockMinorityAndMajorityDown(t *testing.T) {
 // they come back, and refuses to open without a quorum.
 func TestRedlockOpenWithMastersDown(t *testing.T) {
 	ms := redistest.StartN(t, 5)
-	addrs := make([]string, len(ms))
-	for i, m := range ms {
-		addrs[i] = m.Addr
-	}
+	addrs := redistest.Addrs(ms)
 	ms[0].Kill()
 	ms[1].Kill()
 	d := openT(t, urlOf(addrs...)+"?dial_timeout=1s")

@@ -105,6 +105,15 @@ func start(t testing.TB, args []string, tlsConf *tls.Config, caCert []byte) *Ser
 }
 
 // StartN starts n independent servers (for Redlock).
+// Addrs returns the "host:port" addresses of servers, in order.
+func Addrs(servers []*Server) []string {
+	out := make([]string, len(servers))
+	for i, s := range servers {
+		out[i] = s.Addr
+	}
+	return out
+}
+
 func StartN(t testing.TB, n int, args ...string) []*Server {
 	t.Helper()
 	out := make([]*Server, n)
