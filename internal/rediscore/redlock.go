@@ -321,8 +321,10 @@ func (r *Redlock) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 }
 
 // Release implements driver.Locker: ReleaseScript on every node. It
-// succeeds if any node released; ErrNotHeld if every node answered "not
-// held"; otherwise the first node error.
+// succeeds if a quorum of nodes released; ErrNotHeld if too few nodes held
+// the lock for a quorum even counting the ones that failed (copies left on
+// a minority are deleted all the same); otherwise an error naming the
+// counts and the first node error.
 func (r *Redlock) Release(ctx context.Context, key, owner string) error {
 	if err := r.check(ctx, key, owner, 0, false, true); err != nil {
 		return err
@@ -339,15 +341,21 @@ func (r *Redlock) Release(ctx context.Context, key, owner string) error {
 			released++
 		}
 	}
+	// Like a grant or a refresh, a release counts only on a quorum: a former
+	// holder whose lock lingers on a minority of nodes (set a moment later
+	// there, so expiring a moment later) did not hold it, and must hear
+	// ErrNotHeld, though its leftovers are deleted all the same.
 	switch {
-	case released > 0:
+	case released >= r.q:
 		return nil
 	case ctx.Err() != nil:
 		return fmt.Errorf("redis: redlock release: %w", ctx.Err())
-	case failed > 0:
-		return fmt.Errorf("redis: redlock release: %d of %d nodes failed: %w", failed, len(r.conns), firstErr(res))
+	case released+failed >= r.q:
+		return fmt.Errorf("redis: redlock release: released on %d, %d of %d nodes failed (quorum %d): %w",
+			released, failed, len(r.conns), r.q, firstErr(res))
 	}
-	return fmt.Errorf("redis: redlock release: %w", driver.ErrNotHeld)
+	return fmt.Errorf("redis: redlock release: held on %d of %d nodes (quorum %d): %w",
+		released, len(r.conns), r.q, driver.ErrNotHeld)
 }
 
 // Inspect implements driver.Inspector: the holder is the owner found on a

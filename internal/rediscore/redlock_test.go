@@ -197,3 +197,36 @@ func TestRedlockCapabilities(t *testing.T) {
 		t.Fatal(r.Quorum())
 	}
 }
+
+// A former holder whose lock lingers on a minority of nodes (there it was set
+// a moment later, so it expires a moment later) does not hold it: Release
+// reports ErrNotHeld rather than success, and still deletes the leftover.
+func TestRedlockReleaseNeedsQuorum(t *testing.T) {
+	r, ss := newRedlock(t, 3, Options{})
+	ctx := context.Background()
+	if _, err := r.Acquire(ctx, "k", "a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// The lock has gone from two of three nodes, as if it expired there.
+	for _, s := range ss[:2] {
+		if _, err := s.Do("DEL", "locker:{k}"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Release(ctx, "k", "a"); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("release held on 1 of 3 nodes = %v, want ErrNotHeld", err)
+	}
+	if v, _ := ss[2].Do("EXISTS", "locker:{k}"); v != int64(0) {
+		t.Fatalf("the minority's leftover was not deleted: EXISTS = %v", v)
+	}
+	// Held on a quorum (2 of 3): a release succeeds.
+	if _, err := r.Acquire(ctx, "k", "b", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ss[0].Do("DEL", "locker:{k}"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Release(ctx, "k", "b"); err != nil {
+		t.Fatalf("release held on 2 of 3 nodes = %v", err)
+	}
+}
