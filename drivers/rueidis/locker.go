@@ -408,6 +408,9 @@ func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 	if err := rediscore.CheckKey(key, l.opts.MaxKeyLen); err != nil {
 		return nil, nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("rueidis: subscribe: %w", err)
+	}
 	lock, _, channel := rediscore.Keys(l.opts.Prefix, key)
 	return l.w.Subscribe(ctx, lock, channel)
 }

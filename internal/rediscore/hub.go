@@ -48,6 +48,11 @@ func NewHub(subscribe func(ctx context.Context, channel string) error, unsubscri
 // than once. Errors: ctx.Err() wrapped once ctx is done, the adapter's
 // subscribe error, or ErrHubClosed.
 func (h *Hub) Subscribe(ctx context.Context, channel string, wake chan<- struct{}) (cancel func(), err error) {
+	// A done ctx fails even when the channel is already subscribed (a
+	// select below would otherwise pick the ready channel half the time).
+	if err := ctx.Err(); err != nil {
+		return nil, ctxErr(ctx, "subscribe", err)
+	}
 	s := &hubSub{wake: wake}
 	for {
 		h.mu.Lock()

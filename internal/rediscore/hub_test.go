@@ -146,3 +146,29 @@ func TestHubClose(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A done ctx fails Subscribe even when the channel is already subscribed
+// (found by conformance Driver/Waiter on Sentinel: a select between the
+// ready subscription and the done ctx picked the subscription half the
+// time).
+func TestHubSubscribeDoneContextOnSubscribedChannel(t *testing.T) {
+	_, h := newHubLog()
+	defer h.Close()
+	wake := make(chan struct{}, 1)
+	cancel, err := h.Subscribe(context.Background(), "c", wake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cancel()
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	for i := range 200 {
+		c, err := h.Subscribe(done, "c", make(chan struct{}, 1))
+		if !errors.Is(err, context.Canceled) {
+			if c != nil {
+				c()
+			}
+			t.Fatalf("attempt %d: Subscribe with a cancelled context on a subscribed channel = %v", i, err)
+		}
+	}
+}
