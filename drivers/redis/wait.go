@@ -60,18 +60,32 @@ func (s *subscriber) subscribe(ctx context.Context, channel string) error {
 	s.waiters[channel] = append(s.waiters[channel], ready)
 	s.mu.Unlock()
 
-	err := ps.Subscribe(ctx, channel)
-	if err == nil {
-		select {
-		case <-ready:
-			return nil
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-s.done:
-			err = rediscore.ErrHubClosed
+	// go-redis may block past ctx while it sets up the pub/sub connection
+	// (against a frozen server, for its read timeouts): wait for the
+	// SUBSCRIBE in the background and return when ctx ends. A SUBSCRIBE
+	// that lands later is confirmed as a resubscription: a spurious wake.
+	errc := make(chan error, 1)
+	go func() { errc <- ps.Subscribe(ctx, channel) }()
+	var err error
+	select {
+	case err = <-errc:
+		if err == nil {
+			select {
+			case <-ready:
+				return nil
+			case <-ctx.Done():
+				err = ctx.Err()
+			case <-s.done:
+				err = rediscore.ErrHubClosed
+			}
 		}
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-s.done:
+		err = rediscore.ErrHubClosed
 	}
 	s.abandon(channel, ready)
+	rediscore.SettleDeadline(ctx, err)
 	if ctx.Err() != nil {
 		return fmt.Errorf("redis: subscribe: %w", ctx.Err())
 	}

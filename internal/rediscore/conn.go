@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/go-locker/locker/driver"
 )
@@ -28,6 +29,7 @@ type Conn interface {
 // see errors.Is(err, context.Canceled/DeadlineExceeded) even when the client
 // reported the cancellation in its own words.
 func ctxErr(ctx context.Context, op string, err error) error {
+	SettleDeadline(ctx, err)
 	if cerr := ctx.Err(); cerr != nil {
 		if err == nil || err == cerr {
 			return fmt.Errorf("redis: %s: %w", op, cerr)
@@ -35,6 +37,20 @@ func ctxErr(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("redis: %s: %w (%v)", op, cerr, err)
 	}
 	return fmt.Errorf("redis: %s: %w", op, err)
+}
+
+// SettleDeadline waits, when a call failed within 10ms of ctx's deadline,
+// until ctx reports it is done. Clients turn ctx's deadline into a socket
+// deadline, which can fire a moment before ctx's own timer; without this
+// the caller would get "i/o timeout" where the contract promises an error
+// matching context.DeadlineExceeded. It returns at once otherwise.
+func SettleDeadline(ctx context.Context, err error) {
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < 10*time.Millisecond {
+		<-ctx.Done() // at most ~10ms: a context with a deadline ends at it
+	}
 }
 
 // parseToken converts a token reply (bulk string or integer) to uint64.
