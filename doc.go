@@ -37,8 +37,11 @@
 // renewal learns the lock is gone or when the safe local deadline passes
 // without a successful renewal. That deadline is the start of the last
 // successful acquire or renewal on the monotonic clock, plus the TTL, minus a
-// drift allowance of TTL/100 + 2ms, so the holder learns of the loss before
-// the server can grant the key to anyone else.
+// drift allowance of TTL/100 + 2ms or the driver's wider one
+// (driver.Capabilities.Margin; Redlock: TTL×drift_factor + 2ms), so the
+// holder learns of the loss before the server can grant the key to anyone
+// else. Where the driver can see the server end a lock early
+// (driver.HoldWatcher), Lost closes when it does.
 //
 // # What no lock can do
 //

@@ -23,6 +23,11 @@ var (
 	// ErrInvalid is returned, before any I/O, for an empty key, a zero or
 	// negative TTL, a malformed URL or an unknown URL query parameter.
 	ErrInvalid = driver.ErrInvalid
+	// ErrUnavailable is matched by errors from a backend that could not be
+	// reached at all (refused, unreachable, TLS or authentication failure
+	// while connecting, no Redlock quorum), as opposed to ErrNotAcquired,
+	// which means the backend answered that someone else holds the key.
+	ErrUnavailable = driver.ErrUnavailable
 )
 
 // wrap adds the "locker: op key:" prefix once. If ctx is done and err does not

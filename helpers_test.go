@@ -162,3 +162,35 @@ func mustOpen(t *testing.T, ch <-chan struct{}, what string) {
 	default:
 	}
 }
+
+// watching adds a driver.HoldWatcher to a driver whose losses the test
+// reports by hand, standing for a backend that sees a session end or a key
+// deleted.
+type watching struct {
+	driver.Locker
+	mu      sync.Mutex
+	watches map[string]func(error) // by owner
+	stops   atomic.Int64
+}
+
+func (w *watching) WatchHold(key, owner string, token uint64, lost func(error)) (func(), error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.watches == nil {
+		w.watches = map[string]func(error){}
+	}
+	w.watches[owner] = lost
+	return func() { w.stops.Add(1) }, nil
+}
+
+// fire reports owner's lock as lost, as the backend would.
+func (w *watching) fire(owner string, err error) bool {
+	w.mu.Lock()
+	lost := w.watches[owner]
+	w.mu.Unlock()
+	if lost == nil {
+		return false
+	}
+	lost(err)
+	return true
+}

@@ -6,20 +6,19 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/go-locker/locker/driver"
 )
 
-// Drift allowance. The holder's safe deadline is the start of the last
-// successful acquire or renewal, on the local monotonic clock, plus the TTL
-// minus drift(TTL). The server started counting the TTL no earlier than that
-// start, so as long as its clock does not run more than 1% faster than ours
-// (and it rounds to no worse than a millisecond or two), the holder's Lost
-// fires before the server lets the key go.
-const (
-	driftFactor = 100 // ttl/driftFactor: 1% for clock-rate differences
-	driftFixed  = 2 * time.Millisecond
-)
-
-func drift(ttl time.Duration) time.Duration { return ttl/driftFactor + driftFixed }
+// safeDeadline returns when the holder must presume a lock lost: start (when
+// the last successful acquire or renewal was sent, on the local monotonic
+// clock) plus ttl minus the driver's margin (driver.Capabilities.Margin, at
+// least TTL/100 + 2ms). The server started counting the TTL no earlier than
+// start, so as long as its clock runs no faster than ours by more than the
+// margin allows, the holder's Lost fires before the server lets the key go.
+func (l *Locker) safeDeadline(start time.Time, ttl time.Duration) time.Time {
+	return start.Add(ttl - l.caps.Margin(ttl))
+}
 
 type lockState int
 
@@ -62,6 +61,7 @@ type Lock struct {
 	cause        error // why Lost was closed
 	lost         chan struct{}
 	releaseRetry bool
+	unwatch      func() // ends the driver.HoldWatcher watch; nil if none
 }
 
 func newLock(l *Locker, key string, o options, token uint64, start time.Time) *Lock {
@@ -73,7 +73,7 @@ func newLock(l *Locker, key string, o options, token uint64, start time.Time) *L
 		kick: make(chan struct{}, 1),
 		ctx:  ctx, cancel: cancel,
 		ttl:      o.ttl,
-		deadline: start.Add(o.ttl - drift(o.ttl)),
+		deadline: l.safeDeadline(start, o.ttl),
 		lost:     make(chan struct{}),
 	}
 	lk.mu.Lock()
@@ -103,11 +103,25 @@ func (lk *Lock) TTL() time.Duration {
 	return lk.ttl
 }
 
+// Deadline returns the lock's safe deadline as it stands now: the moment
+// Lost closes unless a renewal or Refresh succeeds first (the start of the
+// last successful acquire or refresh, plus the TTL, minus the drift margin).
+// Renewal moves it forward every TTL/3. It carries a monotonic clock
+// reading, so time.Until(lk.Deadline()) is immune to wall-clock steps. Once
+// the lock has ended it keeps the value it had then.
+func (lk *Lock) Deadline() time.Time {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	return lk.deadline
+}
+
 // Lost returns a channel that is closed when the lock is lost or presumed
 // lost: a renewal or Refresh was told the lock is gone, the safe deadline
-// passed without a successful renewal, Release found it already gone, or the
-// Locker was closed. It closes before the server can grant the key to anyone
-// else, given the drift allowance (clocks that differ in rate by under 1%). It
+// passed without a successful renewal, Release found it already gone, the
+// Locker was closed, or the driver saw the server end the lock early
+// (driver.HoldWatcher). It closes before the server can grant the key to
+// anyone else when the lock ends by its TTL, given the drift allowance
+// (clocks that differ in rate by under 1%, or the driver's wider margin). It
 // is not closed by a successful Release.
 func (lk *Lock) Lost() <-chan struct{} { return lk.lost }
 
@@ -167,6 +181,7 @@ func (lk *Lock) release(ctx context.Context, closeCause error) error {
 	}
 	lk.releaseRetry = false
 	lk.mu.Unlock()
+	lk.stopWatch()
 	if lk.done != nil {
 		<-lk.done
 	}
@@ -224,11 +239,47 @@ func (lk *Lock) lose(cause error, releaseOnServer bool) {
 	lk.state = stateLost
 	lk.endLocked()
 	lk.mu.Unlock()
+	lk.stopWatch()
 	lk.closeLost(cause)
 	lk.l.untrack(lk)
 	lk.l.notifyLocal(lk.key)
 	if releaseOnServer {
 		lk.l.cleanup(lk.key, lk.owner)
+	}
+}
+
+// watch starts the driver's HoldWatcher on this grant, if it has one, so
+// that a lock the server ends early (a session that dies, a key deleted or
+// overwritten) closes Lost at once. Called without lk.mu or Locker.mu held.
+func (lk *Lock) watch(w driver.HoldWatcher) {
+	if w == nil {
+		return
+	}
+	stop, err := w.WatchHold(lk.key, lk.owner, lk.token, func(err error) {
+		lk.lose(fmt.Errorf("%w: the backend reports it gone: %w", ErrNotHeld, err), false)
+	})
+	if err != nil {
+		return // not watched: renewal and the safe deadline still apply
+	}
+	lk.mu.Lock()
+	held := lk.state == stateHeld
+	if held {
+		lk.unwatch = stop
+	}
+	lk.mu.Unlock()
+	if !held {
+		stop()
+	}
+}
+
+// stopWatch ends the HoldWatcher watch, if any. Called without lk.mu held.
+func (lk *Lock) stopWatch() {
+	lk.mu.Lock()
+	stop := lk.unwatch
+	lk.unwatch = nil
+	lk.mu.Unlock()
+	if stop != nil {
+		stop()
 	}
 }
 
@@ -285,7 +336,7 @@ func (lk *Lock) refresh(ctx context.Context, ttl time.Duration, auto bool) error
 		lk.lose(fmt.Errorf("%w: the server no longer has it (expired, taken over or deleted)", ErrNotHeld), false)
 		return lk.notHeld()
 	}
-	next := start.Add(ttl - drift(ttl))
+	next := lk.l.safeDeadline(start, ttl)
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
 	if lk.state != stateHeld {

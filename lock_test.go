@@ -2,6 +2,7 @@ package locker_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -188,4 +189,83 @@ func TestReleaseErrorCanBeRetried(t *testing.T) {
 		t.Fatalf("third Release: %v", err)
 	}
 	l.Close()
+}
+
+// A driver that declares a wider drift allowance (Redlock's drift_factor)
+// moves the safe deadline earlier: Lost closes at ttl - (ttl×factor + fixed),
+// never at the root's default of ttl - (ttl/100 + 2ms).
+func TestDriverMarginReachesDeadline(t *testing.T) {
+	f := newFaulty(mem.NewStore())
+	l := locker.New(capable{f, driver.Capabilities{DriftFactor: 0.2, DriftFixed: 5 * time.Millisecond}})
+	defer l.Close()
+	ctx := ctxT(t, 30*time.Second)
+	ttl := time.Second
+	f.setFailRefresh(errTransient)
+	start := time.Now()
+	lk, err := l.Acquire(ctx, "k", locker.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := lk.Deadline().Sub(start); d < 795*time.Millisecond || d > 895*time.Millisecond {
+		t.Fatalf("Deadline is %v after the start of Acquire, want 795ms plus the call's latency", d)
+	}
+	waitClosed(t, lk.Lost(), 10*time.Second, "Lost")
+	lostAfter := time.Since(start)
+	want := ttl - ttl/5 - 5*time.Millisecond // 795ms
+	if lostAfter < want {
+		t.Fatalf("Lost closed %v after acquire, before the deadline %v", lostAfter, want)
+	}
+	// The default margin would put it at 988ms; allow scheduling slack but
+	// stay far below that.
+	if lostAfter > want+100*time.Millisecond {
+		t.Fatalf("Lost closed %v after acquire: the driver's margin (deadline %v) was not used", lostAfter, want)
+	}
+	// A driver declaring less than the default cannot narrow the margin.
+	if m := (driver.Capabilities{DriftFactor: 0.001}).Margin(ttl); m != ttl/100+2*time.Millisecond {
+		t.Fatalf("Margin with a smaller declared drift = %v, want the default %v", m, ttl/100+2*time.Millisecond)
+	}
+}
+
+// A driver.HoldWatcher that reports the lock gone closes Lost at once, with
+// a cause matching ErrNotHeld; the watch is stopped when the lock ends, and
+// a report after Release changes nothing.
+func TestHoldWatcherClosesLost(t *testing.T) {
+	st := mem.NewStore()
+	w := &watching{Locker: st.Locker()}
+	l := locker.New(w)
+	defer l.Close()
+	ctx := ctxT(t, 30*time.Second)
+
+	lk, err := l.Acquire(ctx, "k", locker.WithTTL(time.Minute), locker.WithOwner("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := errors.New("session ended")
+	fired := time.Now()
+	if !w.fire("a", fmt.Errorf("%w: %w", driver.ErrNotHeld, gone)) {
+		t.Fatal("Acquire did not start a watch")
+	}
+	waitClosed(t, lk.Lost(), 5*time.Second, "Lost after the backend reported the loss")
+	if d := time.Since(fired); d > 100*time.Millisecond {
+		t.Fatalf("Lost closed %v after the report", d)
+	}
+	if err := lk.Refresh(ctx, time.Minute); !errors.Is(err, locker.ErrNotHeld) || !errors.Is(err, gone) {
+		t.Fatalf("Refresh after a reported loss: %v, want ErrNotHeld naming the cause", err)
+	}
+	if w.stops.Load() != 1 {
+		t.Fatalf("watch stopped %d times, want 1", w.stops.Load())
+	}
+
+	lk2, err := l.Acquire(ctx, "k2", locker.WithTTL(time.Minute), locker.WithOwner("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lk2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w.stops.Load() != 2 {
+		t.Fatalf("Release stopped the watch %d times in all, want 2", w.stops.Load())
+	}
+	w.fire("b", driver.ErrNotHeld) // late report after Release: ignored
+	mustOpen(t, lk2.Lost(), "a report after Release closed Lost")
 }

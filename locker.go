@@ -110,6 +110,7 @@ type Locker struct {
 	waiter    driver.Waiter
 	blocking  driver.BlockingAcquirer
 	inspector driver.Inspector
+	watcher   driver.HoldWatcher
 
 	closing  chan struct{}
 	cleanups sync.WaitGroup
@@ -122,8 +123,9 @@ type Locker struct {
 
 // New returns a Locker that uses d, for example a driver built from a client
 // the program already has. Optional driver interfaces (driver.Waiter,
-// driver.BlockingAcquirer, driver.Inspector, driver.Capable) are discovered by
-// type assertion. The Locker owns d: Close closes it. New panics if d is nil.
+// driver.BlockingAcquirer, driver.HoldWatcher, driver.Inspector,
+// driver.Capable) are discovered by type assertion. The Locker owns d: Close
+// closes it. New panics if d is nil.
 func New(d driver.Locker) *Locker {
 	if d == nil {
 		panic("locker: New with a nil driver.Locker")
@@ -140,6 +142,7 @@ func New(d driver.Locker) *Locker {
 	l.waiter, _ = d.(driver.Waiter)
 	l.blocking, _ = d.(driver.BlockingAcquirer)
 	l.inspector, _ = d.(driver.Inspector)
+	l.watcher, _ = d.(driver.HoldWatcher)
 	return l
 }
 
@@ -411,6 +414,7 @@ func (l *Locker) adopt(key string, o options, token uint64, start time.Time) (*L
 	lk := newLock(l, key, o, token, start)
 	l.held[lk] = struct{}{}
 	l.mu.Unlock()
+	lk.watch(l.watcher)
 	return lk, nil
 }
 

@@ -8,12 +8,13 @@
 //
 // Optional behaviour is discovered by type assertion on the Locker, as
 // database/sql does: Waiter and BlockingAcquirer make waits event-driven,
-// Inspector reports the current holder, Capable describes TTL limits and
-// token durability, and Pinger checks connectivity.
+// HoldWatcher reports a lock the server ended early, Inspector reports the
+// current holder, Capable describes TTL limits, the deadline margin and token
+// durability, and Pinger checks connectivity.
 //
-// Errors: a Locker returns ErrNotAcquired, ErrNotHeld, ErrClosed and
-// ErrInvalid (possibly wrapped) for the conditions they name; every other
-// error is treated as transient by package locker. Errors should not carry
+// Errors: a Locker returns ErrNotAcquired, ErrNotHeld, ErrClosed, ErrInvalid
+// and ErrUnavailable (possibly wrapped) for the conditions they name; every
+// other error is treated as transient by package locker. Errors should not carry
 // a "locker:" prefix — package locker adds it, once — but should name the
 // backend ("redis: …") where they come from one.
 //
@@ -82,6 +83,13 @@ var (
 	// before any I/O: an empty or oversized key, a non-positive TTL, a
 	// malformed URL, an unknown query parameter.
 	ErrInvalid = errors.New("invalid argument")
+	// ErrUnavailable means the backend could not be reached at all: the
+	// connection was refused or timed out, TLS or authentication failed
+	// while connecting, or too few Redlock masters answered to make a
+	// quorum. It says nothing about who holds a key: "someone else holds
+	// it" is ErrNotAcquired. Package locker treats it as transient while an
+	// Acquire waits.
+	ErrUnavailable = errors.New("backend unavailable")
 )
 
 // HeldError is returned by Acquire when another owner holds the key and the
@@ -119,6 +127,30 @@ type Waiter interface {
 	// net). cancel ends the subscription and may be called more than once.
 	// Subscribe returns promptly with ctx.Err() once ctx is done.
 	Subscribe(ctx context.Context, key string) (wake <-chan struct{}, cancel func(), err error)
+}
+
+// HoldWatcher is implemented by a Locker that can learn, without being
+// asked, that the server ended a lock it granted before its TTL ran out: the
+// key was deleted, evicted or overwritten by another owner, or the session
+// that held it ended (a terminated or crashed backend, a reset connection).
+// Package locker watches every lock it holds through it, so that Lost closes
+// within a small bound of the server-side loss instead of at the next
+// renewal.
+type HoldWatcher interface {
+	// WatchHold starts watching the grant of key to owner with token, in
+	// the background: it must not wait for a round trip. lost is called at
+	// most once, from any goroutine, with an error wrapping ErrNotHeld, and
+	// only once the driver knows the server no longer holds key for owner:
+	// a false alarm while the lock is held breaks the contract. Changes
+	// made by owner itself (Refresh, Release, an idempotent Acquire) are not
+	// a loss. A watch that breaks (a dropped connection) is re-established
+	// and the lock re-checked, not reported as lost unless the check says
+	// so. stop ends the watch; it may be called more than once and from
+	// any goroutine, and must not wait for lost to return (lost may still
+	// be called once after stop; package locker ignores it then). A
+	// non-nil error means the grant is not watched; package locker then
+	// relies on renewal alone.
+	WatchHold(key, owner string, token uint64, lost func(error)) (stop func(), err error)
 }
 
 // BlockingAcquirer is implemented by a Locker whose server can queue the
@@ -160,6 +192,29 @@ type Capabilities struct {
 	// DurableTokens reports that fencing tokens keep increasing across a
 	// restart of the server that loses all its data.
 	DurableTokens bool
+	// DriftFactor and DriftFixed widen the margin the holder keeps between
+	// its safe deadline and the server's expiry: ttl×DriftFactor +
+	// DriftFixed (Redlock: its drift_factor and 2ms). Package locker uses
+	// Margin, never less than its own default; zero values leave the
+	// default in force.
+	DriftFactor float64
+	DriftFixed  time.Duration
+}
+
+// Default deadline margin: a 1% clock-rate difference plus 2ms of rounding.
+const (
+	DefaultDriftFactor = 0.01
+	DefaultDriftFixed  = 2 * time.Millisecond
+)
+
+// Margin returns how much earlier than ttl the holder's safe deadline falls:
+// the larger of the default (ttl/100 + 2ms) and the driver's declared
+// ttl×DriftFactor + DriftFixed. The holder's Lost closes at the start of the
+// last successful acquire or refresh plus ttl minus Margin(ttl).
+func (c Capabilities) Margin(ttl time.Duration) time.Duration {
+	def := time.Duration(float64(ttl)*DefaultDriftFactor) + DefaultDriftFixed
+	own := time.Duration(float64(ttl)*c.DriftFactor) + c.DriftFixed
+	return max(def, own)
 }
 
 // Capable is implemented by a Locker that reports its Capabilities.

@@ -66,11 +66,18 @@ func (r *Redlock) Quorum() int { return r.q }
 // Options returns the options in effect, defaults applied.
 func (r *Redlock) Options() Options { return r.o }
 
+// redlockDriftFixed is the fixed part of Redlock's drift allowance, added to
+// ttl×DriftFactor in the validity check and in the holder's deadline margin.
+const redlockDriftFixed = 2 * time.Millisecond
+
 // Capabilities reports MinTTL = max(10ms, 3*NodeTimeout) (a grant takes up
 // to two rounds of NodeTimeout and must leave a positive validity),
-// millisecond granularity, and durable tokens (see the type's doc).
+// millisecond granularity, durable tokens (see the type's doc), and the
+// drift allowance ttl×DriftFactor + 2ms, so that package locker's safe
+// deadline is never later than the end of the validity window.
 func (r *Redlock) Capabilities() driver.Capabilities {
-	return driver.Capabilities{MinTTL: max(MinTTL, 3*r.o.NodeTimeout), TTLGranularity: time.Millisecond, DurableTokens: true}
+	return driver.Capabilities{MinTTL: max(MinTTL, 3*r.o.NodeTimeout), TTLGranularity: time.Millisecond, DurableTokens: true,
+		DriftFactor: r.o.DriftFactor, DriftFixed: redlockDriftFixed}
 }
 
 type result struct {
@@ -211,7 +218,7 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 				fenced++
 			}
 		}
-		drift := time.Duration(float64(ttl)*r.o.DriftFactor) + 2*time.Millisecond
+		drift := time.Duration(float64(ttl)*r.o.DriftFactor) + redlockDriftFixed
 		validity := ttl - time.Since(start) - drift
 		if fenced >= r.q && validity > 0 && ctx.Err() == nil {
 			return maxToken, nil

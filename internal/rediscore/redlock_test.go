@@ -196,6 +196,13 @@ func TestRedlockCapabilities(t *testing.T) {
 	if r.Quorum() != 1 {
 		t.Fatal(r.Quorum())
 	}
+	// The drift factor reaches the holder's deadline margin: with
+	// drift_factor=0.2 the root's safe deadline is the end of the validity
+	// window, ttl - (ttl×0.2 + 2ms), not ttl - (ttl/100 + 2ms).
+	r = NewRedlock(nil, Options{DriftFactor: 0.2})
+	if m := r.Capabilities().Margin(time.Second); m != 202*time.Millisecond {
+		t.Fatalf("Margin(1s) with drift_factor=0.2 = %v, want 202ms", m)
+	}
 }
 
 // A former holder whose lock lingers on a minority of nodes (there it was set
