@@ -4,7 +4,10 @@
 // A Store plays the lock server: TTLs expire on the monotonic clock, fencing
 // tokens come from one counter per store that never goes backwards, waiters
 // are woken by release and by expiry (driver.Waiter), and the holder can be
-// inspected (driver.Inspector). It passes the conformance suite and powers the
+// inspected (driver.Inspector). A Refresh or Release by an owner that does
+// not hold the key fails with driver.ErrNotHeld, which, when another owner
+// holds the key, also matches driver.ErrNotAcquired (a *driver.HeldError):
+// package locker then reports the loss as locker.CauseTaken. It passes the conformance suite and powers the
 // examples. It coordinates goroutines of one process only.
 //
 // URLs:
@@ -190,6 +193,17 @@ func (c *conn) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 	return e.token, nil
 }
 
+// notHeld is the error of a Refresh or Release by an owner that does not
+// hold key: driver.ErrNotHeld, and, when another owner holds key now, also a
+// *driver.HeldError (matching driver.ErrNotAcquired), from which package
+// locker reports the loss as locker.CauseTaken. s.mu is held.
+func notHeld(e *entry, now time.Time) error {
+	if e == nil {
+		return driver.ErrNotHeld
+	}
+	return fmt.Errorf("mem: %w: %w", driver.ErrNotHeld, &driver.HeldError{Remaining: e.expires.Sub(now)})
+}
+
 // Refresh implements driver.Locker.
 func (c *conn) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := c.check(ctx, key); err != nil {
@@ -204,7 +218,7 @@ func (c *conn) Refresh(ctx context.Context, key, owner string, ttl time.Duration
 	now := time.Now()
 	e := s.live(key, now)
 	if e == nil || e.owner != owner {
-		return driver.ErrNotHeld
+		return notHeld(e, now)
 	}
 	e.expires = now.Add(ttl)
 	e.timer.Reset(ttl)
@@ -219,9 +233,10 @@ func (c *conn) Release(ctx context.Context, key, owner string) error {
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.live(key, time.Now())
+	now := time.Now()
+	e := s.live(key, now)
 	if e == nil || e.owner != owner {
-		return driver.ErrNotHeld
+		return notHeld(e, now)
 	}
 	s.dropLocked(key, e)
 	return nil

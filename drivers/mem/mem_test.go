@@ -97,3 +97,36 @@ func TestWakeOnExpiry(t *testing.T) {
 		t.Fatalf("Acquire after expiry: %v", err)
 	}
 }
+
+// Refresh and Release by an owner that does not hold the key fail with
+// ErrNotHeld; when another owner holds it, the error also matches
+// ErrNotAcquired and carries that holder's remaining TTL.
+func TestNotHeldSaysWhetherTaken(t *testing.T) {
+	s := mem.NewStore()
+	c := s.Locker()
+	ctx := context.Background()
+	for name, err := range map[string]error{
+		"refresh": c.Refresh(ctx, "k", "me", time.Second),
+		"release": c.Release(ctx, "k", "me"),
+	} {
+		if !errors.Is(err, driver.ErrNotHeld) || errors.Is(err, driver.ErrNotAcquired) {
+			t.Errorf("%s of a free key: %v, want ErrNotHeld only", name, err)
+		}
+	}
+	if _, err := c.Acquire(ctx, "k", "other", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{
+		"refresh": c.Refresh(ctx, "k", "me", time.Second),
+		"release": c.Release(ctx, "k", "me"),
+	} {
+		var held *driver.HeldError
+		if !errors.Is(err, driver.ErrNotHeld) || !errors.As(err, &held) || held.Remaining <= 0 || held.Remaining > time.Minute {
+			t.Errorf("%s of a key another owner holds: %v, want ErrNotHeld and a HeldError", name, err)
+		}
+	}
+	in, err := c.(driver.Inspector).Inspect(ctx, "k")
+	if err != nil || in.Owner != "other" || in.Remaining < 59*time.Second {
+		t.Fatalf("the holder's lock was changed: %+v, %v", in, err)
+	}
+}
