@@ -2,11 +2,175 @@ package locker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	mrand "math/rand/v2"
 	"time"
+
+	"github.com/go-locker/locker/driver"
 )
+
+// TryAcquire makes one attempt to take key. It returns ErrNotAcquired if
+// another owner holds it. ctx bounds the attempt only, never the life of the
+// returned lock. The lock is renewed in the background unless
+// WithAutoRenew(false) is given; release it with Lock.Release.
+//
+// Errors: ErrInvalid for an empty key or a bad option (before any I/O),
+// ErrNotAcquired, ErrClosed, ErrUnavailable when the backend cannot be
+// reached, ctx.Err() wrapped, or the driver's error.
+func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
+	return l.acquire(ctx, key, opts, false)
+}
+
+// Acquire takes key, waiting as long as ctx allows while another owner holds
+// it. ctx bounds the wait only, never the life of the returned lock.
+//
+// Waiting does not poll where the driver can do better: it blocks in the
+// server (driver.BlockingAcquirer) or waits for a release notification
+// (driver.Waiter), with a wake-up when the holder's TTL runs out so a crashed
+// holder is taken over promptly. Otherwise it retries with a jittered, capped
+// backoff. Within one Locker only one caller per key waits on the backend at
+// a time; the others queue locally, in order, so a release costs the server
+// O(1) commands whatever the number of waiters.
+//
+// Fairness: callers of one Locker waiting for one key are served in order.
+// Across processes there is no such promise: a caller that arrives just as
+// the key is released may take it before a process that has been waiting
+// (as with sync.Mutex), even on etcd, whose queue decides only which
+// waiting process is woken.
+//
+// The first attempt fails fast: an unreachable backend (ErrUnavailable) is
+// an error at once. Once waiting, a transient error (ErrUnavailable, a
+// dropped connection, a leader election) does not end the wait: it is
+// retried with backoff until ctx is done, and the error then returned wraps
+// ctx.Err() and the last such error.
+//
+// Errors: those of TryAcquire except ErrNotAcquired; when ctx ends first, an
+// error wrapping ctx.Err(); ErrClosed if the Locker is closed meanwhile. A
+// failed or cancelled Acquire leaves nothing held.
+func (l *Locker) Acquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
+	return l.acquire(ctx, key, opts, true)
+}
+
+// acquire is TryAcquire (wait false) and Acquire (wait true), with their
+// span and locker.acquire.duration around them.
+func (l *Locker) acquire(ctx context.Context, key string, opts []Option, wait bool) (*Lock, error) {
+	t := l.tel
+	var op acquireOp
+	if t != nil {
+		ctx, op = t.startAcquire(ctx, key, wait)
+	}
+	var lk *Lock
+	o, err := l.prepare(key, opts)
+	if err == nil {
+		o.attrs = op.attrs
+		if wait {
+			lk, err = l.acquireWait(ctx, key, o)
+		} else {
+			lk, _, err = l.attempt(ctx, key, o)
+		}
+	}
+	err = wrap(ctx, "acquire", key, err)
+	if t != nil {
+		t.endAcquire(ctx, op, lk, err)
+	}
+	return lk, err
+}
+
+// prepare validates key and options before any I/O and applies the driver's
+// TTL rounding.
+func (l *Locker) prepare(key string, opts []Option) (options, error) {
+	if err := l.checkKey(key); err != nil {
+		return options{}, err
+	}
+	o, err := buildOptions(opts)
+	if err != nil {
+		return o, err
+	}
+	o.ttl = l.caps.RoundTTL(o.ttl)
+	if o.owner == "" {
+		o.owner = newOwner()
+	}
+	return o, l.checkOpen()
+}
+
+func newOwner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand doc)
+	return hex.EncodeToString(b[:])
+}
+
+// attempt makes one driver Acquire. On success the Lock is tracked and its
+// renewal started. It also returns the holder's remaining TTL when the driver
+// reported it.
+func (l *Locker) attempt(ctx context.Context, key string, o options) (*Lock, time.Duration, error) {
+	start := time.Now()
+	dctx, end := l.tel.child(ctx, "locker.driver.acquire")
+	token, err := l.drv.Acquire(dctx, key, o.owner, o.ttl)
+	end(err)
+	if err != nil {
+		var held *driver.HeldError
+		if errors.As(err, &held) {
+			return nil, held.Remaining, err
+		}
+		if !errors.Is(err, ErrNotAcquired) && !o.ownerSet {
+			// The reply was lost or the call was cut short: the grant may
+			// have happened. The owner is ours alone, so an owner-checked
+			// release is always safe and leaves nothing behind.
+			l.cleanupKey(key, o.owner)
+		}
+		return nil, 0, err
+	}
+	lk, err := l.adopt(key, o, token, start)
+	return lk, 0, err
+}
+
+// adopt turns a grant into a tracked Lock and starts its deadline and
+// renewal. start is when the granting call was sent.
+func (l *Locker) adopt(key string, o options, token uint64, start time.Time) (*Lock, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		l.cleanupKey(key, o.owner)
+		return nil, ErrClosed
+	}
+	lk := newLock(l, key, o, token, start)
+	l.held[lk] = struct{}{}
+	l.mu.Unlock()
+	lk.watch(l.watcher)
+	return lk, nil
+}
+
+// cleanupKey releases key for owner (see cleanup).
+func (l *Locker) cleanupKey(key, owner string) {
+	l.cleanup(func(ctx context.Context) { _ = l.drv.Release(ctx, key, owner) })
+}
+
+// cleanup runs fn, a clean-up on the server, with its own 5s timeout: in the
+// background, which Close waits for, or in the caller once Close has begun.
+func (l *Locker) cleanup(fn func(context.Context)) {
+	run := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		fn(ctx)
+	}
+	l.mu.Lock()
+	closed := l.closed
+	if !closed {
+		l.cleanups.Add(1)
+	}
+	l.mu.Unlock()
+	if closed {
+		run()
+		return
+	}
+	go func() {
+		defer l.cleanups.Done()
+		run()
+	}()
+}
 
 // Waiting policy. With a driver.Waiter the timers below are only a fallback
 // for a lost notification; without one they are the retry schedule.
@@ -101,6 +265,7 @@ func (l *Locker) acquireWait(ctx context.Context, key string, o options) (*Lock,
 		if err == nil || !errors.Is(err, ErrNotAcquired) {
 			return lk, err
 		}
+		l.tel.waitEvent(ctx, "locker")
 	}
 
 	q := l.joinQueue(key)
@@ -177,7 +342,7 @@ func (l *Locker) acquireWait(ctx context.Context, key string, o options) (*Lock,
 		if remaining > 0 && remaining+expirySlack < wait {
 			// Wake just after the holder's TTL runs out, so a crashed
 			// holder is taken over at TTL plus a few milliseconds.
-			wait = remaining + expirySlack + rand.N(expirySlack)
+			wait = remaining + expirySlack + mrand.N(expirySlack)
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -209,12 +374,15 @@ func (l *Locker) acquireBlocking(ctx context.Context, key string, o options) (*L
 		case <-ctx.Done():
 		}
 	}()
+	l.tel.waitEvent(ctx, "server")
 	for {
 		start := time.Now()
-		token, err := l.blocking.AcquireWait(ctx, key, o.owner, o.ttl)
+		dctx, end := l.tel.child(ctx, "locker.driver.acquire_wait")
+		token, err := l.blocking.AcquireWait(dctx, key, o.owner, o.ttl)
+		end(err)
 		if err != nil {
 			if !o.ownerSet && !errors.Is(err, ErrNotAcquired) {
-				l.cleanup(key, o.owner)
+				l.cleanupKey(key, o.owner)
 			}
 			if errors.Is(context.Cause(ctx), ErrClosed) {
 				return nil, ErrClosed
@@ -227,12 +395,15 @@ func (l *Locker) acquireBlocking(ctx context.Context, key string, o options) (*L
 			// deadline from a refresh instead of from the start of the
 			// wait.
 			start = time.Now()
-			if err := l.drv.Refresh(ctx, key, o.owner, o.ttl); err != nil {
+			dctx, end := l.tel.child(ctx, "locker.driver.refresh")
+			err := l.drv.Refresh(dctx, key, o.owner, o.ttl)
+			end(err)
+			if err != nil {
 				if errors.Is(err, ErrNotHeld) {
 					continue // it expired already (this process was paused): wait again
 				}
 				if !o.ownerSet {
-					l.cleanup(key, o.owner)
+					l.cleanupKey(key, o.owner)
 				}
 				return nil, err
 			}
@@ -257,5 +428,5 @@ func jitter(d time.Duration) time.Duration {
 	if d <= 0 {
 		return 0
 	}
-	return d*8/10 + rand.N(d*4/10+1)
+	return d*8/10 + mrand.N(d*4/10+1)
 }

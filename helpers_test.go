@@ -24,8 +24,12 @@ type faulty struct {
 
 	mu sync.Mutex
 	// failRefresh, when set, makes Refresh return it without reaching the
-	// server.
-	failRefresh error
+	// server; with failRefreshTTL set, only the refreshes with that TTL.
+	failRefresh    error
+	failRefreshTTL time.Duration
+	// paused, when set, makes Refresh block until its context is done, as
+	// a renewal stuck on a server that does not answer.
+	paused bool
 	// lostReply makes Acquire perform the grant and then report
 	// errTransient, as when the reply is lost.
 	lostReply bool
@@ -47,6 +51,13 @@ func (f *faulty) setFailAcquire(err error, after int64) {
 func (f *faulty) setFailRefresh(err error) {
 	f.mu.Lock()
 	f.failRefresh = err
+	f.mu.Unlock()
+}
+
+// pauseRefresh makes every Refresh block until its context is done.
+func (f *faulty) pauseRefresh(on bool) {
+	f.mu.Lock()
+	f.paused = on
 	f.mu.Unlock()
 }
 
@@ -79,9 +90,13 @@ func (f *faulty) Release(ctx context.Context, key, owner string) error {
 func (f *faulty) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	f.refreshes.Add(1)
 	f.mu.Lock()
-	err := f.failRefresh
+	err, only, paused := f.failRefresh, f.failRefreshTTL, f.paused
 	f.mu.Unlock()
-	if err != nil {
+	if paused {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if err != nil && (only == 0 || only == ttl) {
 		return err
 	}
 	return f.Locker.Refresh(ctx, key, owner, ttl)
@@ -193,4 +208,33 @@ func (w *watching) fire(owner string, err error) bool {
 	}
 	lost(err)
 	return true
+}
+
+// fastClock stands for a server whose clock runs four times as fast as the
+// holder's: every TTL it is sent is a quarter as long on the server, so a
+// lock expires there before the holder's first renewal (at TTL/3) reaches
+// it, and long before the holder's safe deadline.
+type fastClock struct {
+	driver.Locker
+}
+
+func (f fastClock) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	return f.Locker.Acquire(ctx, key, owner, ttl/4)
+}
+
+func (f fastClock) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	return f.Locker.Refresh(ctx, key, owner, ttl/4)
+}
+
+// waitFor polls cond every millisecond until it holds, failing the test
+// after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not happen within %v", what, d)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

@@ -32,8 +32,9 @@ const (
 //
 // A Lock is held from the moment Acquire returns it until Release, until
 // its owner's Locker is closed, or until it is lost: the server says it is
-// gone (expired, taken over, deleted), or the safe local deadline passes
-// without a successful renewal. Lost tells you the moment that happens.
+// gone (expired, taken over, deleted), the safe local deadline passes
+// without a successful renewal, or WithMaxHold's bound passes. Lost tells
+// you the moment that happens, and Err why.
 //
 // No lock can stop a holder that is paused (GC, swap, SIGSTOP) past its TTL
 // from resuming and acting as if it still held the lock. Pass Token to the
@@ -45,6 +46,9 @@ type Lock struct {
 	owner     string
 	token     uint64
 	autoRenew bool
+	start     time.Time // when the granting call was sent: WithMaxHold and locker.hold.duration count from it
+	minUntil  time.Time // WithMinHold: the key stays taken until then; zero without
+	attrs     *attrSets // nil without telemetry
 
 	io     chan struct{} // serialises refreshes, so the last success is the last applied
 	stop   chan struct{} // closed when the lock stops being held
@@ -57,8 +61,9 @@ type Lock struct {
 	ttl          time.Duration
 	deadline     time.Time
 	timer        *time.Timer
+	maxTimer     *time.Timer // WithMaxHold; nil without
 	state        lockState
-	cause        error // why Lost was closed
+	lostErr      *lostError // why Lost was closed; set just before it closes
 	lost         chan struct{}
 	releaseRetry bool
 	unwatch      func() // ends the driver.HoldWatcher watch; nil if none
@@ -68,6 +73,7 @@ func newLock(l *Locker, key string, o options, token uint64, start time.Time) *L
 	ctx, cancel := context.WithCancel(context.Background())
 	lk := &Lock{
 		l: l, key: key, owner: o.owner, token: token, autoRenew: o.autoRenew,
+		start: start, attrs: o.attrs,
 		io:   make(chan struct{}, 1),
 		stop: make(chan struct{}),
 		kick: make(chan struct{}, 1),
@@ -76,8 +82,19 @@ func newLock(l *Locker, key string, o options, token uint64, start time.Time) *L
 		deadline: l.safeDeadline(start, o.ttl),
 		lost:     make(chan struct{}),
 	}
+	if o.minHold > 0 {
+		// Counted from now, after the grant, so the key is taken for at
+		// least minHold whenever the server made the grant.
+		lk.minUntil = time.Now().Add(o.minHold)
+	}
 	lk.mu.Lock()
+	if t := l.tel; t != nil {
+		t.holdStart(lk.attrs)
+	}
 	lk.timer = time.AfterFunc(time.Until(lk.deadline), lk.onDeadline)
+	if o.maxHold > 0 {
+		lk.maxTimer = time.AfterFunc(time.Until(start.Add(o.maxHold)), lk.onMaxHold)
+	}
 	if lk.autoRenew {
 		lk.done = make(chan struct{})
 		go lk.renewLoop()
@@ -116,23 +133,29 @@ func (lk *Lock) Deadline() time.Time {
 }
 
 // Lost returns a channel that is closed when the lock is lost or presumed
-// lost: a renewal or Refresh was told the lock is gone, the safe deadline
-// passed without a successful renewal, Release found it already gone, the
-// Locker was closed, or the driver saw the server end the lock early
-// (driver.HoldWatcher). It closes before the server can grant the key to
-// anyone else when the lock ends by its TTL, given the drift allowance
-// (clocks that differ in rate by under 1%, or the driver's wider margin). It
-// is not closed by a successful Release.
+// lost: a renewal, Refresh or Release was told the lock is gone, the safe
+// deadline passed without a successful renewal, the Locker was closed,
+// WithMaxHold's bound passed, or the driver saw the server end the lock
+// early (driver.HoldWatcher). Err then says which (see LostCause). It
+// closes before the server can grant the key to anyone else when the lock
+// ends by its TTL, given the drift allowance (clocks that differ in rate by
+// under 1%, or the driver's wider margin). It is not closed by a successful
+// Release.
 func (lk *Lock) Lost() <-chan struct{} { return lk.lost }
 
-// lostCause returns why Lost was closed, an error matching ErrNotHeld.
-func (lk *Lock) lostCause() error {
+// Err returns nil until Lost is closed, and from then on why it was: an
+// error that matches ErrNotHeld and exactly one LostCause with errors.Is
+// (errors.As reads the LostCause), and the driver's report where there was
+// one; it never matches ErrNotAcquired. Do's context has the same error as
+// its context.Cause, and Refresh and Release return it from then on. After
+// a successful Release Err stays nil. Tested by TestLostCauses.
+func (lk *Lock) Err() error {
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
-	if lk.cause == nil {
-		return ErrNotHeld
+	if lk.lostErr == nil {
+		return nil
 	}
-	return lk.cause
+	return lk.lostErr
 }
 
 // Refresh resets the lock's TTL on the server to ttl, which also becomes the
@@ -154,98 +177,175 @@ func (lk *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 	return wrap(ctx, "refresh", lk.key, err)
 }
 
-// Release frees the lock on the server and stops its renewal. It returns
-// ErrNotHeld if the lock was no longer held (it had been released, lost, or
-// taken over), after which Lost is closed. On any other error renewal has
-// stopped anyway and the lock expires after its TTL; Release may be called
-// again to retry.
+// Release frees the lock on the server and stops its renewal; under
+// WithMinHold, before its bound, it sets the lock to expire at the bound
+// instead. It returns ErrNotHeld if the lock was no longer held (it had been
+// released, lost, or taken over), after which Lost is closed. On any other
+// error renewal has stopped anyway and the lock expires after its TTL;
+// Release may be called again to retry.
 func (lk *Lock) Release(ctx context.Context) error {
-	return wrap(ctx, "release", lk.key, lk.release(ctx, nil))
+	t := lk.l.tel
+	if t == nil {
+		return wrap(ctx, "release", lk.key, lk.release(ctx, nil))
+	}
+	ctx, span := t.startRelease(ctx, lk)
+	err := wrap(ctx, "release", lk.key, lk.release(ctx, nil))
+	endRelease(span, err)
+	return err
 }
 
-func (lk *Lock) release(ctx context.Context, closeCause error) error {
+// release ends the lock. closing is the loss to report once the server
+// side is done, when the Locker is being closed; nil for Release.
+func (lk *Lock) release(ctx context.Context, closing *lostError) error {
 	lk.mu.Lock()
+	ended := false
 	switch lk.state {
 	case stateLost:
-		cause := lk.cause
+		e := lk.lostErr
 		lk.mu.Unlock()
-		return cause
+		return e
 	case stateReleased:
 		if !lk.releaseRetry {
+			err := lk.notHeldLocked()
 			lk.mu.Unlock()
-			return fmt.Errorf("%w: already released", ErrNotHeld)
+			return err
 		}
 	case stateHeld:
 		lk.state = stateReleased
 		lk.endLocked()
+		ended = true
 	}
 	lk.releaseRetry = false
 	lk.mu.Unlock()
+	if ended {
+		lk.holdEnded()
+	}
 	lk.stopWatch()
 	if lk.done != nil {
 		<-lk.done
 	}
 
-	err := lk.l.drv.Release(ctx, lk.key, lk.owner)
+	err := lk.free(ctx)
 	lk.l.untrack(lk)
 	switch {
 	case err == nil:
 		lk.l.notifyLocal(lk.key)
-		if closeCause != nil {
-			lk.closeLost(closeCause)
+		if closing != nil {
+			lk.closeLost(closing, false)
 		}
 	case errors.Is(err, ErrNotHeld):
-		err = fmt.Errorf("%w: it had expired or been taken over before Release", ErrNotHeld)
-		lk.mu.Lock()
-		lk.state = stateLost
-		lk.mu.Unlock()
-		lk.closeLost(err)
+		e := serverLost("Release was told the server no longer has it", err)
+		lk.closeLost(e, true)
+		return lk.Err()
 	default:
 		lk.mu.Lock()
 		lk.releaseRetry = true
 		lk.mu.Unlock()
-		if closeCause != nil {
-			lk.closeLost(closeCause)
+		if closing != nil {
+			lk.closeLost(closing, false)
 		}
 	}
 	return err
 }
 
-// endLocked stops renewal and the deadline timer. lk.mu is held.
+// free ends the lock on the server with an owner-checked release, or, while
+// WithMinHold's bound is ahead, with an owner-checked refresh to the time
+// left, after which the lock expires on its own.
+func (lk *Lock) free(ctx context.Context) error {
+	if !lk.minUntil.IsZero() {
+		if left := time.Until(lk.minUntil); left > 0 {
+			// At least 1ms: every backend keeps whole milliseconds.
+			ttl := lk.l.caps.RoundTTL(max(left, time.Millisecond))
+			ctx, end := lk.l.tel.child(ctx, "locker.driver.refresh")
+			err := lk.l.drv.Refresh(ctx, lk.key, lk.owner, ttl)
+			end(err)
+			return err
+		}
+	}
+	ctx, end := lk.l.tel.child(ctx, "locker.driver.release")
+	err := lk.l.drv.Release(ctx, lk.key, lk.owner)
+	end(err)
+	return err
+}
+
+// endLocked stops renewal and the timers. lk.mu is held.
 func (lk *Lock) endLocked() {
 	close(lk.stop)
 	lk.cancel()
 	lk.timer.Stop()
-}
-
-func (lk *Lock) closeLost(cause error) {
-	lk.mu.Lock()
-	defer lk.mu.Unlock()
-	if lk.cause == nil {
-		lk.cause = cause
-		close(lk.lost)
+	if lk.maxTimer != nil {
+		lk.maxTimer.Stop()
 	}
 }
 
-// lose marks the lock lost and closes Lost. If the loss is only presumed (the
-// deadline passed), an owner-checked release is sent in the background so
-// that the key is freed at once if the server still has it.
-func (lk *Lock) lose(cause error, releaseOnServer bool) {
+// holdEnded records the end of the hold, once the lock has left stateHeld.
+func (lk *Lock) holdEnded() {
+	if t := lk.l.tel; t != nil {
+		t.holdEnd(lk.attrs, lk.start)
+	}
+}
+
+// closeLost records e as the reason and closes Lost, unless it is closed
+// already. With markLost the lock's state becomes stateLost too, in the
+// same step, so that Release never sees a lost lock without its reason.
+func (lk *Lock) closeLost(e *lostError, markLost bool) {
+	lk.mu.Lock()
+	if markLost {
+		lk.state = stateLost
+	}
+	first := lk.lostErr == nil
+	if first {
+		lk.lostErr = e
+	}
+	lk.mu.Unlock()
+	if first {
+		lk.announce(e)
+	}
+}
+
+// announce closes Lost, which lk.lostErr (now e) explains, and reports it.
+// Metrics are recorded first, so that they count the loss once Lost is
+// closed; the log record follows.
+func (lk *Lock) announce(e *lostError) {
+	t := lk.l.tel
+	if t != nil {
+		t.lostCount(lk, e)
+	}
+	close(lk.lost)
+	if t != nil {
+		t.lostLog(lk, e)
+	}
+}
+
+// lose marks a held lock lost and closes Lost, and reports whether it did
+// (false if the lock had already ended). If the loss is only presumed (the
+// deadline passed) or was decided here (WithMaxHold), the lock is then
+// freed on the server in the background (see free), owner-checked, in case
+// the server still has it.
+func (lk *Lock) lose(e *lostError, releaseOnServer bool) bool {
 	lk.mu.Lock()
 	if lk.state != stateHeld {
 		lk.mu.Unlock()
-		return
+		return false
 	}
 	lk.state = stateLost
 	lk.endLocked()
+	first := lk.lostErr == nil
+	if first {
+		lk.lostErr = e
+	}
 	lk.mu.Unlock()
+	lk.holdEnded()
+	if first {
+		lk.announce(e)
+	}
 	lk.stopWatch()
-	lk.closeLost(cause)
 	lk.l.untrack(lk)
 	lk.l.notifyLocal(lk.key)
 	if releaseOnServer {
-		lk.l.cleanup(lk.key, lk.owner)
+		lk.l.cleanup(func(ctx context.Context) { _ = lk.free(ctx) })
 	}
+	return true
 }
 
 // watch starts the driver's HoldWatcher on this grant, if it has one, so
@@ -256,7 +356,7 @@ func (lk *Lock) watch(w driver.HoldWatcher) {
 		return
 	}
 	stop, err := w.WatchHold(lk.key, lk.owner, lk.token, func(err error) {
-		lk.lose(fmt.Errorf("%w: the backend reports it gone: %w", ErrNotHeld, err), false)
+		lk.lose(&lostError{cause: CauseServer, msg: "the backend reports it gone", err: err}, false)
 	})
 	if err != nil {
 		return // not watched: renewal and the safe deadline still apply
@@ -295,7 +395,11 @@ func (lk *Lock) onDeadline() {
 		return
 	}
 	lk.mu.Unlock()
-	lk.lose(fmt.Errorf("%w: no successful renewal before the safe deadline (TTL minus drift allowance)", ErrNotHeld), true)
+	lk.lose(&lostError{cause: CauseDeadline, msg: "no successful renewal before the safe deadline (TTL minus drift allowance)"}, true)
+}
+
+func (lk *Lock) onMaxHold() {
+	lk.lose(&lostError{cause: CauseMaxHold, msg: "held for the bound set by WithMaxHold: renewal stopped and the lock is released"}, true)
 }
 
 // refresh sends one Refresh with ttl and moves the safe deadline. auto marks
@@ -331,16 +435,26 @@ func (lk *Lock) refresh(ctx context.Context, ttl time.Duration, auto bool) error
 		ctx, cancel = context.WithDeadline(ctx, d)
 		defer cancel()
 	}
-	err := lk.l.drv.Refresh(ctx, lk.key, lk.owner, ttl)
+	dctx, end := lk.l.tel.child(ctx, "locker.driver.refresh")
+	err := lk.l.drv.Refresh(dctx, lk.key, lk.owner, ttl)
+	end(err)
+	t := lk.l.tel
 	if errors.Is(err, ErrNotHeld) {
-		lk.lose(fmt.Errorf("%w: the server no longer has it (expired, taken over or deleted)", ErrNotHeld), false)
+		who := "a renewal"
+		if !auto {
+			who = "Refresh"
+		}
+		e := serverLost(who+" was told the server no longer has it", err)
+		if lk.lose(e, false) && t != nil {
+			t.renewal(lk, renewalLost, err, auto)
+		}
 		return lk.notHeld()
 	}
 	next := lk.l.safeDeadline(start, ttl)
 	lk.mu.Lock()
-	defer lk.mu.Unlock()
 	if lk.state != stateHeld {
-		return lk.notHeldLocked()
+		lk.mu.Unlock()
+		return lk.notHeld()
 	}
 	// On success the server's expiry is at least next. On failure the
 	// refresh may or may not have been applied: keep whichever deadline is
@@ -351,6 +465,14 @@ func (lk *Lock) refresh(ctx context.Context, ttl time.Duration, auto bool) error
 	}
 	if err == nil {
 		lk.ttl = ttl
+	}
+	lk.mu.Unlock()
+	if t != nil {
+		if err == nil {
+			t.renewal(lk, renewalOK, nil, auto)
+		} else {
+			t.renewal(lk, renewalError, err, auto)
+		}
 	}
 	return err
 }
@@ -363,10 +485,10 @@ func (lk *Lock) notHeld() error {
 
 func (lk *Lock) notHeldLocked() error {
 	switch {
-	case lk.cause != nil:
-		return lk.cause
+	case lk.lostErr != nil:
+		return lk.lostErr
 	case lk.state == stateReleased:
-		return fmt.Errorf("%w: released", ErrNotHeld)
+		return fmt.Errorf("%w: already released", ErrNotHeld)
 	}
 	return ErrNotHeld
 }

@@ -2,8 +2,6 @@ package locker
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -51,12 +49,14 @@ func Drivers() []string {
 }
 
 // Open opens a Locker with the driver registered as driverName; dsn is in the
-// driver's own format (every driver in this module takes a URL). An
-// unregistered name fails with an error that hints at a forgotten import.
-// Errors from the driver are wrapped; a malformed dsn or an unknown query
-// parameter matches ErrInvalid. The dsn itself is never part of an error, so
-// passwords do not leak into logs.
-func Open(driverName, dsn string) (*Locker, error) {
+// driver's own format (every driver in this module takes a URL). opts set
+// where metrics, spans and logs go (see OpenOption); metrics and spans carry
+// locker.driver = driverName. An unregistered name fails with an error that
+// hints at a forgotten import. Errors from the driver are wrapped; a
+// malformed dsn or an unknown query parameter matches ErrInvalid, a backend
+// the driver checks at open and cannot reach matches ErrUnavailable. The dsn
+// itself is never part of an error, so passwords do not leak into logs.
+func Open(driverName, dsn string, opts ...OpenOption) (*Locker, error) {
 	driversMu.RLock()
 	d, ok := drivers[driverName]
 	driversMu.RUnlock()
@@ -71,15 +71,15 @@ func Open(driverName, dsn string) (*Locker, error) {
 	if dl == nil {
 		return nil, fmt.Errorf("locker: open %s: driver returned no Locker", driverName)
 	}
-	return New(dl), nil
+	return newLocker(dl, driverName, opts), nil
 }
 
 // OpenURL opens a Locker with the driver registered under the URL's scheme,
 // passing it the whole URL: for example "mem://", "redis://host:6379/0",
 // "etcd://h1:2379,h2:2379/prefix" or "postgres://user@host/db". A malformed
 // URL fails with ErrInvalid; an unknown scheme fails with an error that lists
-// the registered drivers.
-func OpenURL(rawURL string) (*Locker, error) {
+// the registered drivers. opts are those of Open.
+func OpenURL(rawURL string, opts ...OpenOption) (*Locker, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		var uerr *url.Error
@@ -99,7 +99,7 @@ func OpenURL(rawURL string) (*Locker, error) {
 		return nil, fmt.Errorf("locker: unknown driver %q for URL scheme (registered: %s; forgotten import?)",
 			scheme, strings.Join(Drivers(), ", "))
 	}
-	return Open(scheme, rawURL)
+	return Open(scheme, rawURL, opts...)
 }
 
 // Locker hands out locks on one backend. It is safe for concurrent use; one
@@ -111,6 +111,7 @@ type Locker struct {
 	blocking  driver.BlockingAcquirer
 	inspector driver.Inspector
 	watcher   driver.HoldWatcher
+	tel       *telemetry // nil: no instrumentation at all
 
 	closing  chan struct{}
 	cleanups sync.WaitGroup
@@ -124,13 +125,26 @@ type Locker struct {
 // New returns a Locker that uses d, for example a driver built from a client
 // the program already has. Optional driver interfaces (driver.Waiter,
 // driver.BlockingAcquirer, driver.HoldWatcher, driver.Inspector,
-// driver.Capable) are discovered by type assertion. The Locker owns d: Close
-// closes it. New panics if d is nil.
-func New(d driver.Locker) *Locker {
+// driver.Capable) are discovered by type assertion. opts set where
+// metrics, spans and logs go (see OpenOption); metrics and spans carry
+// locker.driver = "custom". The Locker owns d: Close closes it. New panics
+// if d is nil.
+func New(d driver.Locker, opts ...OpenOption) *Locker {
 	if d == nil {
 		panic("locker: New with a nil driver.Locker")
 	}
+	return newLocker(d, "custom", opts)
+}
+
+func newLocker(d driver.Locker, driverName string, opts []OpenOption) *Locker {
+	var c config
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&c)
+		}
+	}
 	l := &Locker{
+		tel:     newTelemetry(driverName, c),
 		drv:     d,
 		closing: make(chan struct{}),
 		held:    map[*Lock]struct{}{},
@@ -154,63 +168,14 @@ func (l *Locker) Driver() driver.Locker { return l.drv }
 // its granularity, token durability. The zero value if it reports nothing.
 func (l *Locker) Capabilities() driver.Capabilities { return l.caps }
 
-// TryAcquire makes one attempt to take key. It returns ErrNotAcquired if
-// another owner holds it. ctx bounds the attempt only, never the life of the
-// returned lock. The lock is renewed in the background unless
-// WithAutoRenew(false) is given; release it with Lock.Release.
-//
-// Errors: ErrInvalid for an empty key or a bad option (before any I/O),
-// ErrNotAcquired, ErrClosed, ctx.Err() wrapped, or the driver's error.
-func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
-	o, err := l.prepare(key, opts)
-	if err != nil {
-		return nil, wrap(ctx, "acquire", key, err)
-	}
-	lk, _, err := l.attempt(ctx, key, o)
-	return lk, wrap(ctx, "acquire", key, err)
-}
-
-// Acquire takes key, waiting as long as ctx allows while another owner holds
-// it. ctx bounds the wait only, never the life of the returned lock.
-//
-// Waiting does not poll where the driver can do better: it blocks in the
-// server (driver.BlockingAcquirer) or waits for a release notification
-// (driver.Waiter), with a wake-up when the holder's TTL runs out so a crashed
-// holder is taken over promptly. Otherwise it retries with a jittered, capped
-// backoff. Within one Locker only one caller per key waits on the backend at
-// a time; the others queue locally, in order, so a release costs the server
-// O(1) commands whatever the number of waiters.
-//
-// Fairness: callers of one Locker waiting for one key are served in order.
-// Across processes there is no such promise: a caller that arrives just as
-// the key is released may take it before a process that has been waiting
-// (as with sync.Mutex), even on etcd, whose queue decides only which
-// waiting process is woken.
-//
-// The first attempt fails fast: an unreachable backend is an error at once.
-// Once waiting, a transient error (a dropped connection, a leader election)
-// does not end the wait: it is retried with backoff until ctx is done, and
-// the error then returned wraps ctx.Err() and names the last such error.
-//
-// Errors: those of TryAcquire except ErrNotAcquired; when ctx ends first, an
-// error wrapping ctx.Err(); ErrClosed if the Locker is closed meanwhile. A
-// failed or cancelled Acquire leaves nothing held.
-func (l *Locker) Acquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
-	o, err := l.prepare(key, opts)
-	if err != nil {
-		return nil, wrap(ctx, "acquire", key, err)
-	}
-	lk, err := l.acquireWait(ctx, key, o)
-	return lk, wrap(ctx, "acquire", key, err)
-}
-
 // Do takes key (waiting as Acquire does), runs fn, and releases the lock when
-// fn returns or panics. fn's context is cancelled the moment the lock is lost
-// (context.Cause then wraps ErrNotHeld), so fn should stop touching the
-// protected resource when it is done. Do returns fn's error; if the lock was
-// lost while fn ran, the error also matches ErrNotHeld, even when fn returned
-// nil. The release runs with a 5s timeout that ctx's cancellation does not cut
-// short.
+// fn returns or panics. fn's context is cancelled the moment the lock is lost;
+// its context.Cause is then the Lock's Err: it matches ErrNotHeld and the
+// LostCause. fn should stop touching the protected resource when its context
+// is done. Do returns fn's error; if the lock was lost while fn ran, the error
+// also matches ErrNotHeld and the LostCause, even when fn returned nil. The
+// release runs with a 5s timeout that ctx's cancellation does not cut short;
+// under WithMinHold it leaves the key taken until the bound.
 func (l *Locker) Do(ctx context.Context, key string, fn func(context.Context) error, opts ...Option) (err error) {
 	lk, err := l.Acquire(ctx, key, opts...)
 	if err != nil {
@@ -221,7 +186,7 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(context.Context) er
 	go func() {
 		select {
 		case <-lk.Lost():
-			cancel(lk.lostCause())
+			cancel(lk.Err())
 		case <-stopWatch:
 		}
 	}()
@@ -230,7 +195,7 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(context.Context) er
 		cancel(nil)
 		select {
 		case <-lk.Lost():
-			return wrap(nil, "do", key, fmt.Errorf("lock lost while fn ran: %w", lk.lostCause()))
+			return prefix("do", key, fmt.Errorf("lock lost while fn ran: %w", lk.Err()))
 		default:
 		}
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -293,8 +258,9 @@ func (l *Locker) Ping(ctx context.Context) error {
 }
 
 // Close releases every lock still held through this Locker (each with a 5s
-// timeout; their Lost channels close, since their holders no longer hold
-// them), makes waiting Acquire calls return ErrClosed, and closes the driver.
+// timeout, honouring WithMinHold; their Lost channels close with
+// CauseClosed, since their holders no longer hold them), makes waiting
+// Acquire calls return ErrClosed, and closes the driver.
 // Close is idempotent: a second call returns nil. Every other method returns
 // ErrClosed afterwards.
 func (l *Locker) Close() error {
@@ -318,7 +284,7 @@ func (l *Locker) Close() error {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			err := lk.release(ctx, fmt.Errorf("%w: the Locker was closed", ErrNotHeld))
+			err := lk.release(ctx, &lostError{cause: CauseClosed, msg: "the Locker was closed"})
 			if err != nil && !errors.Is(err, ErrNotHeld) {
 				errMu.Lock()
 				errs = append(errs, wrap(ctx, "close: release", lk.key, err))
@@ -354,92 +320,6 @@ func (l *Locker) checkKey(key string) error {
 		return fmt.Errorf("%w: key is %d bytes, the limit is %d", ErrInvalid, len(key), maxKeyLen)
 	}
 	return nil
-}
-
-// prepare validates key and options before any I/O and applies the driver's
-// TTL rounding.
-func (l *Locker) prepare(key string, opts []Option) (options, error) {
-	if err := l.checkKey(key); err != nil {
-		return options{}, err
-	}
-	o, err := buildOptions(opts)
-	if err != nil {
-		return o, err
-	}
-	o.ttl = l.caps.RoundTTL(o.ttl)
-	if o.owner == "" {
-		o.owner = newOwner()
-	}
-	return o, l.checkOpen()
-}
-
-func newOwner() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand doc)
-	return hex.EncodeToString(b[:])
-}
-
-// attempt makes one driver Acquire. On success the Lock is tracked and its
-// renewal started. It also returns the holder's remaining TTL when the driver
-// reported it.
-func (l *Locker) attempt(ctx context.Context, key string, o options) (*Lock, time.Duration, error) {
-	start := time.Now()
-	token, err := l.drv.Acquire(ctx, key, o.owner, o.ttl)
-	if err != nil {
-		var held *driver.HeldError
-		if errors.As(err, &held) {
-			return nil, held.Remaining, err
-		}
-		if !errors.Is(err, ErrNotAcquired) && !o.ownerSet {
-			// The reply was lost or the call was cut short: the grant may
-			// have happened. The owner is ours alone, so an owner-checked
-			// release is always safe and leaves nothing behind.
-			l.cleanup(key, o.owner)
-		}
-		return nil, 0, err
-	}
-	lk, err := l.adopt(key, o, token, start)
-	return lk, 0, err
-}
-
-// adopt turns a grant into a tracked Lock and starts its deadline and
-// renewal. start is when the granting call was sent.
-func (l *Locker) adopt(key string, o options, token uint64, start time.Time) (*Lock, error) {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		l.cleanup(key, o.owner)
-		return nil, ErrClosed
-	}
-	lk := newLock(l, key, o, token, start)
-	l.held[lk] = struct{}{}
-	l.mu.Unlock()
-	lk.watch(l.watcher)
-	return lk, nil
-}
-
-// cleanup releases key for owner with its own timeout: in the background,
-// which Close waits for, or in the caller once Close has begun.
-func (l *Locker) cleanup(key, owner string) {
-	run := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = l.drv.Release(ctx, key, owner)
-	}
-	l.mu.Lock()
-	closed := l.closed
-	if !closed {
-		l.cleanups.Add(1)
-	}
-	l.mu.Unlock()
-	if closed {
-		run()
-		return
-	}
-	go func() {
-		defer l.cleanups.Done()
-		run()
-	}()
 }
 
 func (l *Locker) untrack(lk *Lock) {

@@ -16,6 +16,9 @@ type options struct {
 	autoRenew bool
 	owner     string
 	ownerSet  bool
+	maxHold   time.Duration
+	minHold   time.Duration
+	attrs     *attrSets // the telemetry attributes of the key; nil without telemetry
 }
 
 // WithTTL sets how long the lock lives on the server without a renewal.
@@ -47,6 +50,42 @@ func WithOwner(owner string) Option {
 	return func(o *options) { o.owner = owner; o.ownerSet = true }
 }
 
+// WithMaxHold bounds how long the lock is held: d after the grant (the
+// start of the call that won it) renewal stops, Lost closes with
+// CauseMaxHold (Do's context is cancelled), and an owner-checked release is
+// sent, so the key is free at grant + d plus one round trip. If that
+// release fails (the backend is unreachable then), the key expires on the
+// server at most one TTL later. It is the bound on a stuck job: work that
+// should have ended long ago cannot keep the lock by renewing it. Release
+// and Refresh after the bound return an error matching ErrNotHeld and
+// CauseMaxHold. The default, 0, is no bound. A negative d, or a d shorter
+// than WithMinHold's, fails with ErrInvalid before any I/O. Tested by
+// TestMaxHold and, on PostgreSQL, drivers/postgres TestHoldPolicy.
+func WithMaxHold(d time.Duration) Option {
+	return func(o *options) { o.maxHold = d }
+}
+
+// WithMinHold keeps the key taken for at least d after the grant, whatever
+// the work does: a Release (or Do's release, or Locker.Close) earlier than
+// that stops renewal and, instead of freeing the key, sets its TTL on the
+// server to the time left until grant + d (rounded up like WithTTL, so up
+// to the driver's TTL granularity later), owner-checked as Release is. The
+// key is then held by nobody's work and expires on its own. Release returns
+// nil, and ErrNotHeld if the lock had already been lost, as usual. A lock
+// presumed lost (CauseDeadline) is treated the same way, rather than
+// released. A backend whose locks end with the client's session
+// (PostgreSQL advisory locks) frees them early if the Locker is closed
+// before grant + d. It is for fleets of cron jobs: a run that finished in 2s on one
+// host is not started again by a host whose clock is a few seconds behind.
+// It does not keep alive a lock that is lost, nor one left unrenewed (see
+// WithAutoRenew). The default, 0, frees the key at Release. A negative d,
+// or one longer than a non-zero WithMaxHold, fails with ErrInvalid before
+// any I/O. Tested by TestMinHold and, on PostgreSQL, drivers/postgres
+// TestHoldPolicy.
+func WithMinHold(d time.Duration) Option {
+	return func(o *options) { o.minHold = d }
+}
+
 // maxOwnerLen bounds owner strings so that every backend can store them.
 const maxOwnerLen = 256
 
@@ -62,6 +101,15 @@ func buildOptions(opts []Option) (options, error) {
 	}
 	if o.ownerSet && (o.owner == "" || len(o.owner) > maxOwnerLen) {
 		return o, fmt.Errorf("%w: owner must be 1 to %d bytes", ErrInvalid, maxOwnerLen)
+	}
+	if o.maxHold < 0 {
+		return o, fmt.Errorf("%w: max hold must not be negative, got %v", ErrInvalid, o.maxHold)
+	}
+	if o.minHold < 0 {
+		return o, fmt.Errorf("%w: min hold must not be negative, got %v", ErrInvalid, o.minHold)
+	}
+	if o.maxHold > 0 && o.minHold > o.maxHold {
+		return o, fmt.Errorf("%w: min hold %v is longer than max hold %v", ErrInvalid, o.minHold, o.maxHold)
 	}
 	return o, nil
 }
