@@ -224,7 +224,7 @@ func ExampleWithMeterProvider() {
 func attrs(set attribute.Set) string {
 	var kvs []string
 	for _, kv := range set.ToSlice() {
-		kvs = append(kvs, string(kv.Key)+"="+kv.Value.Emit())
+		kvs = append(kvs, string(kv.Key)+"="+kv.Value.String())
 	}
 	return strings.Join(kvs, ",")
 }

@@ -93,7 +93,7 @@ func has(set attribute.Set, want []string) bool {
 	for _, w := range want {
 		k, v, _ := strings.Cut(w, "=")
 		got, ok := set.Value(attribute.Key(k))
-		if !ok || got.Emit() != v {
+		if !ok || got.String() != v {
 			return false
 		}
 	}
@@ -354,8 +354,8 @@ func TestMetricsDriverAndKeyName(t *testing.T) {
 		t.Errorf("lost{tenant/*, closed} = %v, want 1", n)
 	}
 	for _, p := range ps {
-		if v, ok := p.attrs.Value("locker.key"); ok && v.Emit() != "tenant/*" {
-			t.Errorf("%s: locker.key=%q", p.name, v.Emit())
+		if v, ok := p.attrs.Value("locker.key"); ok && v.String() != "tenant/*" {
+			t.Errorf("%s: locker.key=%q", p.name, v.String())
 		}
 	}
 	l2, err := locker.Open("mem", "mem://metrics-driver-name", locker.WithMeterProvider(nil), nil)
