@@ -55,9 +55,41 @@
 // drifts) shortens or lengthens TTLs by the jump; keep server clocks slewed,
 // not stepped.
 //
+// # Why a lock was lost
+//
+// Once Lost is closed, Lock.Err says why, with an error that matches
+// ErrNotHeld and one LostCause: CauseDeadline (no successful renewal before
+// the safe deadline), CauseExpired or CauseTaken (the server answered a
+// renewal, Refresh or Release that the lock is gone; taken when the driver
+// says another owner holds it), CauseServer (the driver saw the server end
+// it, driver.HoldWatcher), CauseClosed (Locker.Close) and CauseMaxHold
+// (WithMaxHold). Do's context has the same error as its cause.
+//
+// # Lease policy
+//
+// WithMaxHold bounds how long a lock is held, however long the work runs:
+// at the bound renewal stops, Lost closes and the lock is released.
+// WithMinHold keeps the key taken for a minimum time after the grant even if
+// the work releases it earlier: the lock is left to expire at the bound.
+//
+// # Observability
+//
+// A Locker reports to OpenTelemetry through the API only: metrics
+// (locker.acquire.duration, locker.hold.duration, locker.renewals,
+// locker.lost, locker.held) and spans (one per Acquire, TryAcquire and
+// Release), under the scope ScopeName, to the global providers unless
+// WithMeterProvider or WithTracerProvider says otherwise. Until the program
+// installs an SDK it starts no span and reads no clock for them: on an
+// uncontended Acquire + Release of the mem driver it costs within 5% of the
+// same path with every call skipped (BenchmarkTelemetryOverhead). WithLogger
+// logs failed renewals and losses; WithKeyName reports keys by a name of
+// low cardinality, since keys themselves are never attributes.
+//
 // # Errors
 //
-// Errors are wrapped once, as "locker: op "key": cause", and match ErrNotAcquired,
-// ErrNotHeld, ErrClosed, ErrInvalid, context.Canceled and
-// context.DeadlineExceeded with errors.Is.
+// Errors are wrapped once, as "locker: op "key": cause", and match
+// ErrNotAcquired, ErrNotHeld, ErrClosed, ErrInvalid, ErrUnavailable (the
+// backend could not be reached; see its doc for how each call reports it),
+// a LostCause after a loss, context.Canceled and context.DeadlineExceeded
+// with errors.Is.
 package locker

@@ -63,6 +63,11 @@ type config struct {
 //   - locker.lost, counter: each closing of Lost; locker.cause is the
 //     LostCause.
 //   - locker.held, up-down counter: locks held now through the Locker.
+//
+// With the global provider and no SDK installed, durations are not
+// measured (no clock is read for them) until one is. Tested by
+// TestMetricsAcquire, TestMetricsRenewals, TestMetricsDriverAndKeyName,
+// TestLostCauses and TestGlobalProvidersByDefault.
 func WithMeterProvider(mp metric.MeterProvider) OpenOption {
 	return func(c *config) { c.meter = mp }
 }
@@ -80,9 +85,16 @@ func WithMeterProvider(mp metric.MeterProvider) OpenOption {
 // locker.driver, locker.result on acquires, locker.token (the fencing
 // token) on a grant and on a release, and locker.key under WithKeyName.
 // Inside a recording span, each driver call the operation makes is a child
-// span ("locker.driver.acquire", "locker.driver.acquire_wait",
-// "locker.driver.refresh", "locker.driver.release"). Renewals make no spans:
-// their outcome is in locker.renewals and the logger.
+// span, of kind client, carrying locker.driver ("locker.driver.acquire",
+// "locker.driver.acquire_wait", "locker.driver.refresh",
+// "locker.driver.release"); a Lock.Refresh inside the caller's recording
+// span makes one too. Renewals make no spans: their outcome is in
+// locker.renewals and the logger.
+//
+// With the global provider and no SDK installed, no span is started at
+// all: the Locker checks, with one atomic load per call, whether an SDK has
+// been installed since. Tested by TestSpans and
+// TestGlobalProvidersByDefault.
 func WithTracerProvider(tp trace.TracerProvider) OpenOption {
 	return func(c *config) { c.tracer = tp }
 }
