@@ -213,12 +213,11 @@ func TestMetricsAcquire(t *testing.T) {
 
 	// Wait and handoff: Acquire waits while other holds k.
 	got := make(chan *locker.Lock, 1)
+	gotErr := make(chan error, 1)
 	start := time.Now()
-	go func() {
+	go func() { // reports through channels only: it may outlive a failed test
 		lk, err := l.Acquire(ctx, "k")
-		if err != nil {
-			t.Error(err)
-		}
+		gotErr <- err
 		got <- lk
 	}()
 	// Attempts so far: TryAcquire, the first of Acquire(short), and the
@@ -229,10 +228,10 @@ func TestMetricsAcquire(t *testing.T) {
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	lk := <-got
-	if lk == nil {
-		t.FailNow()
+	if err := <-gotErr; err != nil {
+		t.Fatal(err)
 	}
+	lk := <-got
 	waited := time.Since(start)
 	m.expect(t, 1, "locker.held")
 	ps := m.points(t)

@@ -75,21 +75,27 @@ func TestHoldPolicy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := make(chan time.Time, 1)
+		// The waiter reports through got only: it may outlive a failed test.
+		type grant struct {
+			at    time.Time
+			err   error
+			early bool // granted before the holder's Lost closed
+		}
+		got := make(chan grant, 1)
 		go func() {
 			next, err := other.Acquire(ctx, key+"/max")
 			if err != nil {
-				t.Error(err)
-				got <- time.Time{}
+				got <- grant{err: err}
 				return
 			}
+			g := grant{at: time.Now(), early: true}
 			select {
 			case <-lk.Lost():
+				g.early = false
 			default:
-				t.Error("the waiter was granted the key before the holder's Lost closed")
 			}
-			got <- time.Now()
 			next.Release(ctx)
+			got <- g
 		}()
 		select {
 		case <-lk.Lost():
@@ -103,7 +109,14 @@ func TestHoldPolicy(t *testing.T) {
 		if !errors.Is(lk.Err(), locker.CauseMaxHold) {
 			t.Fatalf("Err() = %v", lk.Err())
 		}
-		grantedAt := (<-got).Sub(before)
+		g := <-got
+		if g.err != nil {
+			t.Fatalf("the waiter: %v", g.err)
+		}
+		if g.early {
+			t.Fatal("the waiter was granted the key before the holder's Lost closed")
+		}
+		grantedAt := g.at.Sub(before)
 		t.Logf("Lost at %v, waiter granted at %v", lostAt, grantedAt)
 		if grantedAt < maxHold || grantedAt > maxHold+holdLate {
 			t.Fatalf("the waiter was granted %v after the start, want %v (+%v)", grantedAt, maxHold, holdLate)
