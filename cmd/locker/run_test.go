@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-locker/locker"
 	_ "github.com/go-locker/locker/drivers/file"
+	"golang.org/x/sys/unix"
 )
 
 // isFree checks through the command that key is free on url.
@@ -296,6 +297,21 @@ func TestRunLostWhilePaused(t *testing.T) {
 	}
 }
 
+// A command killed by signal N makes locker exit with 128+N, as a shell
+// reports it, and releases the lock.
+func TestRunCommandKilledBySignal(t *testing.T) {
+	url := fileURL(t)
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM, syscall.SIGUSR1} {
+		code, _, stderr := run(t, nil, "run", "--url", url, "job", "--", "sh", "-c", "kill -s "+strings.TrimPrefix(unix.SignalName(sig), "SIG")+" $$")
+		if code != 128+int(sig) {
+			t.Errorf("command killed by %v: code %d, want %d; stderr %q", sig, code, 128+int(sig), stderr)
+		}
+		if !isFree(t, url, "job") {
+			t.Fatalf("lock held after the command was killed by %v", sig)
+		}
+	}
+}
+
 func TestRunForwardsSignals(t *testing.T) {
 	url := fileURL(t)
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
@@ -436,5 +452,43 @@ func TestHelp(t *testing.T) {
 	code, out, _ = run(t, nil, "drivers")
 	if code != 0 || !strings.Contains(out, "file") || !strings.Contains(out, "mem") {
 		t.Fatalf("drivers: code %d, %q", code, out)
+	}
+}
+
+// `locker run` renews the lock every TTL/3 while the command runs: sampled
+// for 3 TTLs, the lock's remaining TTL never falls below 2/3 of the TTL by
+// more than 200ms of scheduling (renewing every TTL/2 would let it fall to
+// TTL/2, and not renewing would lose the lock).
+func TestRunRenewsEveryThirdOfTTL(t *testing.T) {
+	url := fileURL(t)
+	const ttl = 1500 * time.Millisecond
+	p := start(t, nil, append([]string{"run", "--url", url, "--ttl", ttl.String(), "job", "--"}, child("signals")...)...)
+	tok := tokenOf(t, p.expect(t, "ready"))
+	l, err := locker.OpenURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	lowest, samples := ttl, 0
+	for end := time.Now().Add(3 * ttl); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		in, err := l.Inspect(ctx, "job")
+		if err != nil {
+			t.Fatalf("after %d samples: %v", samples, err)
+		}
+		if in.Token != tok {
+			t.Fatalf("token %d, want the run's %d", in.Token, tok)
+		}
+		lowest = min(lowest, in.Remaining)
+		samples++
+	}
+	t.Logf("lowest remaining TTL %v in %d samples", lowest, samples)
+	if lowest < 2*ttl/3-200*time.Millisecond {
+		t.Errorf("remaining TTL fell to %v: not renewed every TTL/3 (%v)", lowest, ttl/3)
+	}
+	p.signal(t, syscall.SIGTERM)
+	if code := p.wait(t); code != 7 {
+		t.Fatalf("code %d, want the command's 7; stderr %s", code, p.stderr.String())
 	}
 }
