@@ -66,16 +66,7 @@ func TestWallClockStepBackNeverRepeatsToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := a.Inspect(ctx, "e"); errors.Is(err, driver.ErrNotHeld) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("lease never expired")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitExpired(t, a, "e")
 
 	stepWallClock(t, -2*time.Hour) // an hour behind the first grants
 	if err := os.Remove(counter); err != nil {

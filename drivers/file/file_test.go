@@ -162,21 +162,27 @@ func TestRefreshDoesNotRevive(t *testing.T) {
 	if _, err := a.Acquire(ctx, "k", "A", time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := a.Inspect(ctx, "k"); errors.Is(err, driver.ErrNotHeld) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("lease never expired")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitExpired(t, a, "k")
 	if err := a.Refresh(ctx, "k", "A", time.Minute); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("Refresh of an expired lease = %v", err)
 	}
 	if err := a.Release(ctx, "k", "A"); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("Release of an expired lease = %v", err)
+	}
+}
+
+// waitExpired waits until key's lease has expired.
+func waitExpired(t *testing.T, l *Locker, key string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := l.Inspect(ctxT(t), key); errors.Is(err, driver.ErrNotHeld) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("lease never expired")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

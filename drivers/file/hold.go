@@ -30,27 +30,14 @@ func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (s
 	if l.closed.Load() {
 		return nil, driver.ErrClosed
 	}
-	s := &subscription{
-		l:    l,
-		key:  key,
-		path: l.Path(key),
-		name: fileName(key),
-		wake: make(chan struct{}, 1),
-		poke: make(chan struct{}, 1),
-		done: make(chan struct{}),
+	s, err := l.newSubscription(key)
+	if err != nil {
+		return nil, err
 	}
-	if s.w = acquireWatcher(l.dir); s.w == nil {
+	if s.w == nil {
+		s.stop(false)
 		return nil, fmt.Errorf("file: %w: inotify is not available", driver.ErrUnavailable)
 	}
-	s.w.add(s)
-	l.mu.Lock()
-	if l.subs == nil {
-		l.mu.Unlock()
-		s.stop(false)
-		return nil, driver.ErrClosed
-	}
-	l.subs[s] = struct{}{}
-	l.mu.Unlock()
 	var once sync.Once
 	report := func(err error) {
 		select {

@@ -35,27 +35,10 @@ func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 	if err := l.check(ctx, key, "-", 0, false); err != nil {
 		return nil, nil, err
 	}
-	s := &subscription{
-		l:    l,
-		key:  key,
-		path: l.Path(key),
-		name: fileName(key),
-		wake: make(chan struct{}, 1),
-		poke: make(chan struct{}, 1),
-		done: make(chan struct{}),
+	s, err := l.newSubscription(key)
+	if err != nil {
+		return nil, nil, err
 	}
-	s.w = acquireWatcher(l.dir)
-	if s.w != nil {
-		s.w.add(s)
-	}
-	l.mu.Lock()
-	if l.subs == nil {
-		l.mu.Unlock()
-		s.stop(false)
-		return nil, nil, driver.ErrClosed
-	}
-	l.subs[s] = struct{}{}
-	l.mu.Unlock()
 	// Read the lease now, so that anything after Subscribe returns is
 	// measured against it. If the flock is not had in a moment (its holder
 	// is stopped), run reads it later and sends a wake-up then.
@@ -75,6 +58,34 @@ func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 	}
 	go s.run(first, known)
 	return s.wake, func() { s.stop(false) }, nil
+}
+
+// newSubscription starts watching key's lock file: through the directory's
+// inotify watcher if one can be had (s.w is nil otherwise), registered with
+// l so that Close ends it. After Close it returns driver.ErrClosed.
+func (l *Locker) newSubscription(key string) (*subscription, error) {
+	s := &subscription{
+		l:    l,
+		key:  key,
+		path: l.Path(key),
+		name: fileName(key),
+		wake: make(chan struct{}, 1),
+		poke: make(chan struct{}, 1),
+		done: make(chan struct{}),
+	}
+	s.w = acquireWatcher(l.dir)
+	if s.w != nil {
+		s.w.add(s)
+	}
+	l.mu.Lock()
+	if l.subs == nil {
+		l.mu.Unlock()
+		s.stop(false)
+		return nil, driver.ErrClosed
+	}
+	l.subs[s] = struct{}{}
+	l.mu.Unlock()
+	return s, nil
 }
 
 type subscription struct {
