@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"os"
 	"os/exec"
@@ -383,4 +384,48 @@ func TestRunOnLostModesAtDeadline(t *testing.T) {
 			t.Fatalf("a signal was sent with --on-lost ignore: %s", p.stderr.String())
 		}
 	})
+}
+
+// A renewal that succeeds after SIGTERM went out (renewals failed to within
+// --grace of the deadline, then recovered) keeps the lock: no SIGKILL, the
+// lock stays held while the job runs, and is released when it ends; the
+// exit code is still 123, since the job was told to stop.
+func TestRunRenewalRecoversAfterTerm(t *testing.T) {
+	url := fileURL(t)
+	const ttl = time.Second
+	pidfile := filepath.Join(t.TempDir(), "pid")
+	p := start(t, nil, append([]string{"run", "--url", url, "--ttl", ttl.String(), "job", "--"}, child("trap", pidfile)...)...)
+	tok := tokenOf(t, p.expect(t, "ready"))
+	release := holdFlock(t, url, "job")
+	p.expect(t, "term ")
+	release()
+	l, err := locker.OpenURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for end := time.Now().Add(2 * ttl); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		in, err := l.Inspect(ctx, "job")
+		if err != nil || in.Token != tok {
+			t.Fatalf("after SIGTERM and a renewal that succeeded: %+v, %v; want the run's token %d held", in, err, tok)
+		}
+	}
+	pid, err := readPid(pidfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t); code != exitLost {
+		t.Fatalf("code %d, want %d; stderr %s", code, exitLost, p.stderr.String())
+	}
+	if strings.Contains(p.stderr.String(), "sending SIGKILL") {
+		t.Fatalf("SIGKILL sent although the lock was renewed: %s", p.stderr.String())
+	}
+	if !isFree(t, url, "job") {
+		t.Fatal("lock held after the job ended")
+	}
 }
