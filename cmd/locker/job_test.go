@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"io"
 	"os"
 	"os/exec"
@@ -399,19 +398,7 @@ func TestRunRenewalRecoversAfterTerm(t *testing.T) {
 	release := holdFlock(t, url, "job")
 	p.expect(t, "term ")
 	release()
-	l, err := locker.OpenURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for end := time.Now().Add(2 * ttl); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		in, err := l.Inspect(ctx, "job")
-		if err != nil || in.Token != tok {
-			t.Fatalf("after SIGTERM and a renewal that succeeded: %+v, %v; want the run's token %d held", in, err, tok)
-		}
-	}
+	heldThroughout(t, url, "job", tok, 2*ttl) // renewed: held past the old deadline
 	pid, err := readPid(pidfile)
 	if err != nil {
 		t.Fatal(err)

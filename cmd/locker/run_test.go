@@ -455,6 +455,30 @@ func TestHelp(t *testing.T) {
 	}
 }
 
+// heldThroughout samples key on url every 5ms for d, fails the test unless
+// it is held with token throughout, and returns the lowest remaining TTL
+// seen and the number of samples.
+func heldThroughout(t *testing.T, url, key string, token uint64, d time.Duration) (lowest time.Duration, samples int) {
+	t.Helper()
+	l, err := locker.OpenURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), d+time.Minute)
+	defer cancel()
+	lowest = time.Duration(1<<63 - 1)
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		in, err := l.Inspect(ctx, key)
+		if err != nil || in.Token != token {
+			t.Fatalf("after %d samples: %+v, %v; want %q held with token %d", samples, in, err, key, token)
+		}
+		lowest = min(lowest, in.Remaining)
+		samples++
+	}
+	return lowest, samples
+}
+
 // `locker run` renews the lock every TTL/3 while the command runs: sampled
 // for 3 TTLs, the lock's remaining TTL never falls below 2/3 of the TTL by
 // more than 200ms of scheduling (renewing every TTL/2 would let it fall to
@@ -464,25 +488,7 @@ func TestRunRenewsEveryThirdOfTTL(t *testing.T) {
 	const ttl = 1500 * time.Millisecond
 	p := start(t, nil, append([]string{"run", "--url", url, "--ttl", ttl.String(), "job", "--"}, child("signals")...)...)
 	tok := tokenOf(t, p.expect(t, "ready"))
-	l, err := locker.OpenURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	lowest, samples := ttl, 0
-	for end := time.Now().Add(3 * ttl); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		in, err := l.Inspect(ctx, "job")
-		if err != nil {
-			t.Fatalf("after %d samples: %v", samples, err)
-		}
-		if in.Token != tok {
-			t.Fatalf("token %d, want the run's %d", in.Token, tok)
-		}
-		lowest = min(lowest, in.Remaining)
-		samples++
-	}
+	lowest, samples := heldThroughout(t, url, "job", tok, 3*ttl)
 	t.Logf("lowest remaining TTL %v in %d samples", lowest, samples)
 	if lowest < 2*ttl/3-200*time.Millisecond {
 		t.Errorf("remaining TTL fell to %v: not renewed every TTL/3 (%v)", lowest, ttl/3)
