@@ -10,7 +10,8 @@
 //	locker run [flags] KEY -- COMMAND [ARGS...]
 //
 // takes the lock KEY, runs COMMAND with its standard input, output and error,
-// renews the lock every TTL/3 while it runs, and releases it when it exits,
+// renews the lock every TTL/3 while it runs, and releases it when it and the
+// processes it started in its process group have exited,
 // so that only one copy of the command runs at a time wherever locker runs
 // against the same backend:
 //
@@ -28,27 +29,62 @@
 //	                 that dies without releasing it
 //	--wait D         how long to wait while another holder has the lock:
 //	                 0 tries once, forever (the default) waits without limit
-//	--on-lost MODE   what to do to the command if the lock is lost while it runs
-//	                 (a renewal found it gone, or renewals failed past the safe
-//	                 deadline): term (default) sends SIGTERM, then SIGKILL after
-//	                 --grace; kill sends SIGKILL; ignore lets it run
-//	--grace D        time between SIGTERM and SIGKILL with --on-lost=term,
-//	                 default 10s
+//	--on-lost MODE   what to do to the command's process group when the lock
+//	                 is being lost (see "Loss" below): term (default), kill
+//	                 or ignore
+//	--grace D        with --on-lost term, how long before the lock's safe
+//	                 deadline SIGTERM goes out while renewals fail; default
+//	                 TTL/4, at most 10s; must be under TTL/2
 //	-v               say what locker is doing, on stderr
 //
 // The command is looked up before the lock is taken, so a typo never holds
-// it. SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to locker are
-// forwarded to the command, and locker exits when the command does, releasing
-// the lock. (SIGINT and SIGQUIT from a terminal reach the command directly,
-// since it shares locker's process group, and are not sent twice.) Before the
-// lock is granted, SIGINT, SIGTERM, SIGHUP and SIGQUIT end the wait and leave
-// nothing held.
+// it.
+//
+// # The job
+//
+// The command runs in a process group of its own, and everything it starts
+// in that group is part of the job: SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+// SIGUSR1, SIGUSR2 and SIGTSTP sent to locker are forwarded to the whole
+// group, and locker releases the lock and exits only when the command and
+// every other process of its group have exited (a process meant to outlive
+// the lock must leave the group, with setsid for instance). Locker adopts
+// the job's orphans (PR_SET_CHILD_SUBREAPER) and reaps them. Run from a
+// terminal, in its foreground, locker hands the terminal to the job's group,
+// so the command can read it and Ctrl-C and Ctrl-Z reach it directly; when
+// the job stops (Ctrl-Z, or a terminal read from the background) locker
+// stops the whole group and itself, like a shell job, and continues the
+// group (with the terminal, if it has it) when it is continued. Before the
+// lock is granted, SIGINT, SIGTERM, SIGHUP and SIGQUIT end the wait and
+// leave nothing held.
+//
+// # Loss
+//
+// The lock has a safe deadline (locker.Lock.Deadline): the start of the last
+// successful renewal plus the TTL minus a drift margin, before the backend
+// can grant the key to anyone else. Renewal every TTL/3 moves it forward.
+// While renewals fail the deadline stands still, and with --on-lost term
+// the job's process group gets SIGTERM once the deadline is --grace away
+// and SIGKILL at the deadline, so that a job that exits on SIGTERM within
+// --grace, and any job at all, is gone before another owner can be
+// granted the key (tested with a grandchild that ignores SIGTERM behind sh,
+// against a Redis server stopped with SIGSTOP). With kill, SIGKILL goes at
+// the deadline; with ignore, nothing is sent. If the backend says the lock
+// is gone before the deadline (a renewal finds another owner, the key was
+// deleted), another owner may hold it already: the group gets SIGKILL at
+// once, with term too. A locker that was itself stopped (SIGSTOP, a VM
+// pause) past the deadline kills the group at once when it runs again; no
+// lock can stop the job while locker is stopped, which is what fencing
+// tokens are for; nor can it if locker is killed (SIGKILL), after which the
+// lock expires after its TTL. If a renewal succeeds after SIGTERM was sent, the lock
+// stays held until the job ends and is then released, and the exit code is
+// still 123 (TestRunRenewalRecoversAfterTerm).
 //
 // # Exit codes
 //
 //	0-255   the command's own exit code (128+N if it was killed by signal N)
-//	123     the lock was lost while the command ran (the command was
-//	        stopped as --on-lost says; with ignore, it ran to its end)
+//	123     the lock was lost, or renewals failed up to --grace before its
+//	        deadline, while the command ran (the job was stopped as
+//	        --on-lost says; with ignore, it ran to its end)
 //	124     the lock was not acquired: held by another owner with --wait 0,
 //	        or still held when --wait ran out
 //	125     usage or configuration error: bad flag or argument, missing --,

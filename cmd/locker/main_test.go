@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The end-to-end tests build the command once and run it as real
@@ -58,6 +61,11 @@ func buildAndRun(m *testing.M) int {
 //	record LOG D    append "start T" to LOG, wait D, append "end T", exit 0
 //	signals         report each signal on stdout; exit 7 on SIGTERM or SIGINT
 //	stubborn        ignore SIGTERM; run until killed
+//	trap PIDFILE    write the pid to PIDFILE (before "ready"); on SIGTERM print
+//	                "term T" (T: CLOCK_MONOTONIC, ns) and keep running until killed
+//	checkdead PIDFILE  print "dead" if the process in PIDFILE has exited,
+//	                else "alive"
+//	read            echo each line of stdin as "read LINE"; exit 7 on SIGINT
 func childMain(mode string, args []string) int {
 	token, key := os.Getenv("LOCKER_TOKEN"), os.Getenv("LOCKER_KEY")
 	sigs := make(chan os.Signal, 8)
@@ -66,6 +74,14 @@ func childMain(mode string, args []string) int {
 		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1, syscall.SIGHUP)
 	case "stubborn":
 		signal.Ignore(syscall.SIGTERM)
+	case "trap":
+		signal.Notify(sigs, syscall.SIGTERM)
+		if err := writePid(args[0]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 99
+		}
+	case "read":
+		signal.Notify(sigs, syscall.SIGINT)
 	}
 	fmt.Printf("ready token=%s key=%s\n", token, key)
 	switch mode {
@@ -89,8 +105,126 @@ func childMain(mode string, args []string) int {
 		for {
 			time.Sleep(time.Hour) // until killed
 		}
+	case "trap":
+		for range sigs {
+			fmt.Printf("term %d\n", mono())
+		}
+	case "checkdead":
+		pid, err := readPid(args[0])
+		if err != nil {
+			fmt.Println(err)
+			return 99
+		}
+		if dead(pid) {
+			fmt.Println("dead")
+		} else {
+			fmt.Println("alive")
+		}
+		return 0
+	case "read":
+		lines := make(chan string)
+		go func() {
+			sc := bufio.NewScanner(os.Stdin)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					return 0
+				}
+				fmt.Printf("read %s\n", l)
+			case <-sigs:
+				fmt.Println("got interrupt")
+				return 7
+			}
+		}
 	}
 	return 99
+}
+
+// mono returns CLOCK_MONOTONIC, which all processes of the host share.
+func mono() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(err)
+	}
+	return time.Duration(ts.Nano())
+}
+
+func writePid(path string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func readPid(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(string(b))
+}
+
+// dead reports whether process pid has exited (a zombie runs nothing).
+func dead(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
+}
+
+// inSh returns a command line that runs args as a child of sh, which then
+// runs another command: args is locker's grandchild, in the group of sh.
+func inSh(args ...string) []string {
+	return append([]string{"sh", "-c", `"$@"; echo after`, "sh"}, args...)
+}
+
+// watchDeath reports, on the returned channel, the CLOCK_MONOTONIC time at
+// which process pid was seen to exit, waiting on a pidfd (no polling).
+func watchDeath(t *testing.T, pid int) <-chan time.Duration {
+	t.Helper()
+	c := make(chan time.Duration, 1)
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		c <- mono()
+		return c
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer unix.Close(fd)
+		for {
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			if _, err := unix.Poll(fds, -1); errors.Is(err, unix.EINTR) {
+				continue
+			}
+			c <- mono()
+			return
+		}
+	}()
+	return c
+}
+
+// awaitDeath waits for watchDeath's report.
+func awaitDeath(t *testing.T, death <-chan time.Duration, what string) time.Duration {
+	t.Helper()
+	select {
+	case d := <-death:
+		return d
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s is still alive", what)
+		return 0
+	}
 }
 
 func appendLine(path, line string) {
@@ -106,8 +240,11 @@ func appendLine(path, line string) {
 
 // child returns the command line that runs childMain in mode.
 func child(mode string, args ...string) []string {
-	return append([]string{"env", "LOCKER_TEST_CHILD=" + mode, os.Args[0]}, args...)
+	return append([]string{"env", "LOCKER_TEST_CHILD=" + mode, childBinary()}, args...)
 }
+
+// childBinary is the program that runs childMain: this test binary.
+func childBinary() string { return os.Args[0] }
 
 // proc is a running locker command.
 type proc struct {
@@ -140,7 +277,13 @@ func (s *syncBuffer) String() string {
 // and the command) has closed it.
 func start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(binary, args...)
+	return startCmd(t, exec.Command(binary, args...), env)
+}
+
+// startCmd is start with a command prepared by the caller (its stdin and
+// process attributes).
+func startCmd(t *testing.T, cmd *exec.Cmd, env []string) *proc {
+	t.Helper()
 	cmd.Env = append(append(os.Environ(), "LOCKER_TEST_PARENT="+strconv.Itoa(os.Getpid())), env...)
 	p := &proc{cmd: cmd, lines: make(chan string, 1000), stderr: &syncBuffer{}, done: make(chan struct{})}
 	r, w, err := os.Pipe()
@@ -228,21 +371,24 @@ func (p *proc) wait(t *testing.T) int {
 	}
 }
 
-// expect waits for a stdout line starting with prefix and returns it.
-func (p *proc) expect(t *testing.T, prefix string) string {
+// expect waits for a stdout line starting with one of prefixes and returns
+// it.
+func (p *proc) expect(t *testing.T, prefixes ...string) string {
 	t.Helper()
 	timeout := time.After(60 * time.Second)
 	for {
 		select {
 		case l, ok := <-p.lines:
 			if !ok {
-				t.Fatalf("locker exited (code %d) before printing %q; stderr: %s", p.wait(t), prefix, p.stderr.String())
+				t.Fatalf("locker exited (code %d) before printing %q; stderr: %s", p.wait(t), prefixes, p.stderr.String())
 			}
-			if strings.HasPrefix(l, prefix) {
-				return l
+			for _, prefix := range prefixes {
+				if strings.HasPrefix(l, prefix) {
+					return l
+				}
 			}
 		case <-timeout:
-			t.Fatalf("no line %q; stderr: %s", prefix, p.stderr.String())
+			t.Fatalf("no line %q; stderr: %s", prefixes, p.stderr.String())
 		}
 	}
 }

@@ -10,12 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/go-locker/locker"
-	"golang.org/x/sys/unix"
 )
 
 // releaseTimeout bounds the release when the command has exited.
@@ -51,12 +49,43 @@ func (w *waitFlag) Set(s string) error {
 	return nil
 }
 
+// graceFlag is --grace: a duration, or unset for defaultGrace of the TTL.
+type graceFlag struct {
+	d   time.Duration
+	set bool
+}
+
+func (g *graceFlag) String() string {
+	if !g.set {
+		return "TTL/4, at most 10s"
+	}
+	return g.d.String()
+}
+
+func (g *graceFlag) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("want a duration such as 500ms or 5s")
+	}
+	g.d, g.set = d, true
+	return nil
+}
+
+// maxDefaultGrace caps the default --grace.
+const maxDefaultGrace = 10 * time.Second
+
+// defaultGrace is --grace when it is not given: a quarter of the TTL, at
+// most 10s. With renewal every TTL/3 and the safe deadline at TTL minus the
+// drift margin, renewals that fail still get from TTL/3 to about 3/4 TTL to
+// succeed before the command is told to stop.
+func defaultGrace(ttl time.Duration) time.Duration { return min(ttl/4, maxDefaultGrace) }
+
 type runOpts struct {
 	common
 	ttl     time.Duration
 	wait    waitFlag
 	onLost  string
-	grace   time.Duration
+	grace   graceFlag
 	key     string
 	command []string
 }
@@ -66,8 +95,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("run", stderr, &o.common)
 	fs.DurationVar(&o.ttl, "ttl", locker.DefaultTTL, "lock TTL: how long the lock outlives locker if it dies; renewed every TTL/3")
 	fs.Var(&o.wait, "wait", "how long to wait for the lock: 0 tries once, `D` waits up to D, forever waits without limit")
-	fs.StringVar(&o.onLost, "on-lost", "term", "what to do to the command if the lock is lost: `term` (SIGTERM, SIGKILL after --grace), kill (SIGKILL) or ignore")
-	fs.DurationVar(&o.grace, "grace", 10*time.Second, "with --on-lost=term, how long after SIGTERM to send SIGKILL")
+	fs.StringVar(&o.onLost, "on-lost", "term", "what to do to the command's process group when the lock is being lost: `term` (SIGTERM --grace before the safe deadline, SIGKILL at it), kill (SIGKILL at the deadline) or ignore")
+	fs.Var(&o.grace, "grace", "with --on-lost=term, how long before the lock's safe deadline SIGTERM goes out when renewals fail (`D` < TTL/2)")
 	if code, ok := o.parse(fs, args, stdout); !ok {
 		return code
 	}
@@ -125,8 +154,13 @@ func (o *runOpts) parse(fs *flag.FlagSet, args []string, stdout io.Writer) (code
 		return usage("--ttl must be positive, got %v", o.ttl)
 	case o.onLost != "term" && o.onLost != "kill" && o.onLost != "ignore":
 		return usage("--on-lost must be term, kill or ignore, got %q", o.onLost)
-	case o.grace < 0:
-		return usage("--grace must not be negative, got %v", o.grace)
+	case o.grace.d < 0:
+		return usage("--grace must not be negative, got %v", o.grace.d)
+	case o.grace.set && o.grace.d >= o.ttl/2:
+		return usage("--grace %v does not fit --ttl %v: SIGTERM goes out --grace before the lock's safe deadline, so --grace must be under half the TTL (renewal runs every TTL/3)", o.grace.d, o.ttl)
+	}
+	if !o.grace.set {
+		o.grace.d = defaultGrace(o.ttl)
 	}
 	return 0, true
 }
@@ -188,7 +222,7 @@ func (o *runOpts) run() int {
 		o.release(lk)
 		return 128 + int(gotSig.(syscall.Signal))
 	}
-	return o.supervise(l, lk, path, sigs)
+	return o.supervise(lk, path, sigs)
 }
 
 // acquire opens the backend and takes the lock. On failure it returns a
@@ -237,77 +271,6 @@ func (o *runOpts) acquire(ctx context.Context) (*locker.Lock, *locker.Locker, in
 	}
 }
 
-// supervise runs the command while holding lk and returns the exit code.
-func (o *runOpts) supervise(l *locker.Locker, lk *locker.Lock, path string, sigs chan os.Signal) int {
-	cmd := exec.Command(path, o.command[1:]...)
-	cmd.Args[0] = o.command[0]
-	cmd.Env = append(os.Environ(),
-		"LOCKER_TOKEN="+strconv.FormatUint(lk.Token(), 10),
-		"LOCKER_KEY="+o.key)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	if err := cmd.Start(); err != nil {
-		o.errorf("run: cannot start %q: %v", o.command[0], unwrapExec(err))
-		o.release(lk)
-		return exitCannotRun
-	}
-	o.logf("started %q, pid %d", o.command[0], cmd.Process.Pid)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-
-	ttyGroup := inForegroundGroup()
-	lostCh := lk.Lost()
-	lost := false
-	var killAt <-chan time.Time
-	var waitErr error
-loop:
-	for {
-		select {
-		case waitErr = <-done:
-			break loop
-		case s := <-sigs:
-			if ttyGroup && (s == syscall.SIGINT || s == syscall.SIGQUIT) {
-				// The terminal sent it to the whole process group,
-				// the command included; do not deliver it twice.
-				continue
-			}
-			o.logf("forwarding %v to pid %d", s, cmd.Process.Pid)
-			_ = cmd.Process.Signal(s)
-		case <-lostCh:
-			lostCh, lost = nil, true
-			switch o.onLost {
-			case "term":
-				o.errorf("run: lock %q lost while the command ran; sending SIGTERM (SIGKILL in %v)", o.key, o.grace)
-				_ = cmd.Process.Signal(syscall.SIGTERM)
-				killAt = time.After(o.grace)
-			case "kill":
-				o.errorf("run: lock %q lost while the command ran; sending SIGKILL", o.key)
-				_ = cmd.Process.Kill()
-			default:
-				o.errorf("run: lock %q lost while the command ran; letting it run (--on-lost=ignore)", o.key)
-			}
-		case <-killAt:
-			killAt = nil
-			o.logf("grace period over: sending SIGKILL to pid %d", cmd.Process.Pid)
-			_ = cmd.Process.Kill()
-		}
-	}
-	code := exitCode(cmd.ProcessState, waitErr)
-	o.logf("command exited with code %d", code)
-	if !lost {
-		select {
-		case <-lk.Lost():
-			lost = true
-			o.errorf("run: lock %q was lost while the command ran", o.key)
-		default:
-			lost = o.release(lk)
-		}
-	}
-	if lost {
-		return exitLost
-	}
-	return code
-}
-
 // release releases lk and reports whether it had been lost meanwhile.
 func (o *runOpts) release(lk *locker.Lock) (lost bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
@@ -323,23 +286,6 @@ func (o *runOpts) release(lk *locker.Lock) (lost bool) {
 		o.errorf("run: release failed, the lock expires after its TTL: %v", err)
 	}
 	return false
-}
-
-func exitCode(ps *os.ProcessState, err error) int {
-	if ps == nil {
-		return exitCannotRun
-	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return 128 + int(ws.Signal())
-	}
-	return ps.ExitCode()
-}
-
-// inForegroundGroup reports whether locker runs in the foreground process
-// group of the terminal on stdin, where a Ctrl-C reaches the command too.
-func inForegroundGroup() bool {
-	pgrp, err := unix.IoctlGetInt(0, unix.TIOCGPGRP)
-	return err == nil && pgrp == unix.Getpgrp()
 }
 
 // unwrapExec drops exec's repetition of the command name.

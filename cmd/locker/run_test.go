@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/go-locker/locker"
 	_ "github.com/go-locker/locker/drivers/file"
+	"golang.org/x/sys/unix"
 )
 
 // isFree checks through the command that key is free on url.
@@ -177,7 +179,8 @@ func TestRunTakesOverCrashedHolder(t *testing.T) {
 	}
 }
 
-// killOrphans ends stubborn children left by a killed locker.
+// killOrphans ends the test's commands that outlived their locker (a killed
+// locker, or a group member it was not asked to wait for).
 func killOrphans(t *testing.T) {
 	t.Helper()
 	ents, _ := os.ReadDir("/proc")
@@ -187,7 +190,9 @@ func killOrphans(t *testing.T) {
 			continue
 		}
 		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err == nil && strings.Contains(string(env), "LOCKER_TEST_CHILD=stubborn\x00") && strings.Contains(string(env), "LOCKER_TEST_PARENT="+strconv.Itoa(os.Getpid())+"\x00") {
+		vars := strings.Split(string(env), "\x00")
+		if err == nil && slices.ContainsFunc(vars, func(v string) bool { return strings.HasPrefix(v, "LOCKER_TEST_CHILD=") }) &&
+			slices.Contains(vars, "LOCKER_TEST_PARENT="+strconv.Itoa(os.Getpid())) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
@@ -222,26 +227,28 @@ func fileNameOf(t *testing.T, l *locker.Locker, key string) string {
 	return filepath.Base(p.Path(key))
 }
 
+// A lock the backend says is gone (another process removed the lock file
+// and took the key) is lost before its deadline: another owner may hold it
+// already, so the group gets SIGKILL at once, with --on-lost term too.
 func TestRunLockLost(t *testing.T) {
 	for _, tc := range []struct {
 		name, onLost, mode string
-		extra              []string
 	}{
-		{"term", "term", "signals", nil},
-		{"term-then-kill", "term", "stubborn", []string{"--grace", "200ms"}},
-		{"kill", "kill", "stubborn", nil},
+		{"term", "term", "signals"},
+		{"term-stubborn", "term", "stubborn"},
+		{"kill", "kill", "stubborn"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			url := fileURL(t)
-			args := append([]string{"run", "--url", url, "--ttl", "600ms", "--on-lost", tc.onLost}, tc.extra...)
-			p := start(t, nil, append(append(args, "job", "--"), child(tc.mode)...)...)
+			p := start(t, nil, append([]string{"run", "--url", url, "--ttl", "600ms", "--on-lost", tc.onLost, "job", "--"}, child(tc.mode)...)...)
 			p.expect(t, "ready")
 			steal(t, url, "job")
 			drain(p)
 			if code := p.wait(t); code != exitLost {
 				t.Fatalf("code %d, want %d (lost); stderr: %s", code, exitLost, p.stderr.String())
 			}
-			if !strings.Contains(p.stderr.String(), `lock "job" lost while the command ran`) {
+			want := `lock "job" lost while the command ran (the backend says it is gone; another owner may hold it); sending SIGKILL to the command's process group`
+			if !strings.Contains(p.stderr.String(), want) || strings.Contains(p.stderr.String(), "SIGTERM") {
 				t.Fatalf("stderr: %s", p.stderr.String())
 			}
 		})
@@ -287,6 +294,21 @@ func TestRunLostWhilePaused(t *testing.T) {
 	drain(p)
 	if code := p.wait(t); code != exitLost {
 		t.Fatalf("resumed holder: code %d, want %d; stderr: %s", code, exitLost, p.stderr.String())
+	}
+}
+
+// A command killed by signal N makes locker exit with 128+N, as a shell
+// reports it, and releases the lock.
+func TestRunCommandKilledBySignal(t *testing.T) {
+	url := fileURL(t)
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM, syscall.SIGUSR1} {
+		code, _, stderr := run(t, nil, "run", "--url", url, "job", "--", "sh", "-c", "kill -s "+strings.TrimPrefix(unix.SignalName(sig), "SIG")+" $$")
+		if code != 128+int(sig) {
+			t.Errorf("command killed by %v: code %d, want %d; stderr %q", sig, code, 128+int(sig), stderr)
+		}
+		if !isFree(t, url, "job") {
+			t.Fatalf("lock held after the command was killed by %v", sig)
+		}
 	}
 }
 
@@ -370,6 +392,10 @@ func TestRunBadInput(t *testing.T) {
 		{"bad ttl", []string{"run", "--url", url, "--ttl", "soon", "job", "--", "true"}, exitUsage, "invalid value \"soon\" for flag -ttl"},
 		{"negative wait", []string{"run", "--url", url, "--wait", "-1s", "job", "--", "true"}, exitUsage, "must not be negative"},
 		{"bad on-lost", []string{"run", "--url", url, "--on-lost", "panic", "job", "--", "true"}, exitUsage, "--on-lost must be term, kill or ignore"},
+		{"negative grace", []string{"run", "--url", url, "--grace", "-1s", "job", "--", "true"}, exitUsage, "--grace must not be negative"},
+		{"bad grace", []string{"run", "--url", url, "--grace", "soon", "job", "--", "true"}, exitUsage, "invalid value \"soon\" for flag -grace"},
+		{"grace too long", []string{"run", "--url", url, "--ttl", "3s", "--grace", "1500ms", "job", "--", "true"}, exitUsage, "--grace 1.5s does not fit --ttl 3s"},
+		{"grace too long for the default ttl", []string{"run", "--url", url, "--grace", "15s", "job", "--", "true"}, exitUsage, "--grace 15s does not fit --ttl 30s"},
 		{"unknown flag", []string{"run", "--url", url, "--frobnicate", "job", "--", "true"}, exitUsage, "flag provided but not defined: -frobnicate"},
 		{"flag after key", []string{"run", "--url", url, "job", "--ttl", "-5s", "--", "true"}, exitUsage, "--ttl must be positive"},
 		{"command not found", []string{"run", "--url", url, "job", "--", "no-such-command-xyz"}, exitNotFound, `command "no-such-command-xyz": executable file not found`},
@@ -426,5 +452,49 @@ func TestHelp(t *testing.T) {
 	code, out, _ = run(t, nil, "drivers")
 	if code != 0 || !strings.Contains(out, "file") || !strings.Contains(out, "mem") {
 		t.Fatalf("drivers: code %d, %q", code, out)
+	}
+}
+
+// heldThroughout samples key on url every 5ms for d, fails the test unless
+// it is held with token throughout, and returns the lowest remaining TTL
+// seen and the number of samples.
+func heldThroughout(t *testing.T, url, key string, token uint64, d time.Duration) (lowest time.Duration, samples int) {
+	t.Helper()
+	l, err := locker.OpenURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), d+time.Minute)
+	defer cancel()
+	lowest = time.Duration(1<<63 - 1)
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		in, err := l.Inspect(ctx, key)
+		if err != nil || in.Token != token {
+			t.Fatalf("after %d samples: %+v, %v; want %q held with token %d", samples, in, err, key, token)
+		}
+		lowest = min(lowest, in.Remaining)
+		samples++
+	}
+	return lowest, samples
+}
+
+// `locker run` renews the lock every TTL/3 while the command runs: sampled
+// for 3 TTLs, the lock's remaining TTL never falls below 2/3 of the TTL by
+// more than 200ms of scheduling (renewing every TTL/2 would let it fall to
+// TTL/2, and not renewing would lose the lock).
+func TestRunRenewsEveryThirdOfTTL(t *testing.T) {
+	url := fileURL(t)
+	const ttl = 1500 * time.Millisecond
+	p := start(t, nil, append([]string{"run", "--url", url, "--ttl", ttl.String(), "job", "--"}, child("signals")...)...)
+	tok := tokenOf(t, p.expect(t, "ready"))
+	lowest, samples := heldThroughout(t, url, "job", tok, 3*ttl)
+	t.Logf("lowest remaining TTL %v in %d samples", lowest, samples)
+	if lowest < 2*ttl/3-200*time.Millisecond {
+		t.Errorf("remaining TTL fell to %v: not renewed every TTL/3 (%v)", lowest, ttl/3)
+	}
+	p.signal(t, syscall.SIGTERM)
+	if code := p.wait(t); code != 7 {
+		t.Fatalf("code %d, want the command's 7; stderr %s", code, p.stderr.String())
 	}
 }

@@ -14,7 +14,7 @@ import (
 // Benchmarks: one uncontended acquire+release through the driver, through
 // package locker, and as the raw system calls the driver makes (the
 // floor): open+flock+read+write of the lock file, the token counter bump,
-// and open+flock+read+unlink to release.
+// and open+flock+read+write to release.
 //
 //	go test -run '^$' -bench . -benchmem ./drivers/file
 
@@ -60,7 +60,8 @@ func BenchmarkRawSyscalls(b *testing.B) {
 	path := filepath.Join(dir, fileName("bench"))
 	tokens := filepath.Join(dir, tokenFile)
 	buf := make([]byte, 256)
-	record := []byte("1 1764432000000000 1764432060000000000 \"owner\" \"bench\"\n")
+	record := []byte("2 1764432000000000 91b54395-00d1-4045-9804-259d6cb0c25a 60000000000 \"owner\" \"bench\"\n")
+	free := []byte("2 1764432000000000 91b54395-00d1-4045-9804-259d6cb0c25a 0 \"\" \"bench\"\n")
 	lockedOpen := func(p string, flags int) int {
 		fd, err := unix.Open(p, flags|unix.O_CLOEXEC, 0o600)
 		if err != nil {
@@ -91,7 +92,8 @@ func BenchmarkRawSyscalls(b *testing.B) {
 
 		fd = lockedOpen(path, unix.O_RDWR)
 		_, _ = unix.Pread(fd, buf, 0)
-		_ = unix.Unlink(path)
+		_, _ = unix.Pwrite(fd, free, 0)
+		_ = unix.Ftruncate(fd, int64(len(free)))
 		unix.Close(fd)
 	}
 }

@@ -32,24 +32,36 @@
 // # How it works
 //
 // Each key has a lock file, Dir()/<first 160 bits of SHA-256(key) in hex>.lck,
-// holding one line: a format version, the fencing token, the expiry (Unix
-// nanoseconds on the wall clock), the owner and the key, quoted. Every
-// Acquire, Refresh and Release is a read-modify-write of that file under an
-// exclusive flock(2), held only for those few system calls, so Acquire is
-// atomic across processes. A lease is in force while its expiry is in the
-// future: a holder that crashes or stops renewing loses the key after its TTL
-// exactly as on a server, and a Refresh or Release by anyone but the holder
-// of a lease in force returns driver.ErrNotHeld and changes nothing. Release
-// removes the file. The flock is taken with non-blocking attempts and a short
-// backoff (20µs to 2ms), so a process stopped while holding it cannot block
-// others beyond their context.
+// holding one line: a format version, the fencing token, the boot id, the
+// expiry, the owner and the key, quoted. Every Acquire, Refresh and Release
+// is a read-modify-write of that file under an exclusive flock(2), held only
+// for those few system calls, so Acquire is atomic across processes. A lease
+// is in force while its expiry is in the future: a holder that crashes or
+// stops renewing loses the key after its TTL exactly as on a server, and a
+// Refresh or Release by anyone but the holder of a lease in force returns
+// driver.ErrNotHeld and changes nothing. Release rewrites the record with no
+// owner, keeping its token. The flock is taken with non-blocking attempts
+// and a short backoff (20µs to 2ms), so a process stopped while holding it
+// cannot block others beyond their context.
+//
+// Expiry is on CLOCK_MONOTONIC, with the boot id
+// (/proc/sys/kernel/random/boot_id) in the record: wall-clock steps, in
+// either direction, neither end a lease early nor lengthen it, and a record
+// written during an earlier boot has expired (TestWallClockStepForwardKeepsLease,
+// TestRecordFromAnotherBootExpired). CLOCK_MONOTONIC rather than
+// CLOCK_BOOTTIME because it is the clock Go's timers, and so the holders'
+// safe deadlines, run on: neither counts the time the host spends suspended.
 //
 // Fencing tokens come from the directory's counter file, "tokens", bumped
-// under its own flock at each grant: token = max(previous + 1, wall clock in
-// microseconds). Tokens therefore strictly increase for every key, across
-// release, expiry and re-acquire, also when the clock steps back, and also
-// when the counter file is lost (a tmpfs emptied at reboot), since the
-// clock has moved past every earlier token. They look like timestamps.
+// under its own flock at each grant: token = max(counter + 1, last token
+// recorded for the key + 1, wall clock in microseconds). Tokens therefore
+// strictly increase for every key, across release, expiry and re-acquire;
+// when the clock steps back; when the counter file is lost (the key's record
+// keeps its last token, released or expired); and when the whole directory
+// is lost (a tmpfs emptied at reboot), since the clock has moved past every
+// earlier token, unless the clock also stepped back across that loss
+// (TestWallClockStepBackNeverRepeatsToken, TestTokenSurvivesCounterLoss).
+// They look like timestamps.
 //
 // Waiting needs no polling: Subscribe (driver.Waiter) watches the directory
 // with inotify(7), so a release wakes waiters in every process at once, and
@@ -57,20 +69,30 @@
 // inotify instance serves all subscriptions of a process on a directory; if
 // inotify cannot be had, subscriptions re-read the lock file every 50ms.
 //
+// The same inotify watch serves WatchHold (driver.HoldWatcher): when a held
+// key's lock file is removed, or rewritten with another owner or another
+// grant, by a process that broke or took the lease, the holder's Lost closes
+// at once (measured under a millisecond; TestHoldWatcherClosesLost). Every
+// alarm is confirmed by re-reading the record under its flock, and the
+// holder's own refreshes and release raise none (TestHoldWatcherRelease).
+// Without inotify, grants are not watched and renewal finds the loss.
+//
 // # Limits
 //
 //   - One host only. The directory must be on a local file system: flock and
 //     inotify do not work across hosts on NFS or other network file systems.
 //     For locks across hosts use a server backend, with the same code and
 //     another URL.
-//   - Expiry is judged on the wall clock, which all processes on one host
-//     share. A wall clock step forward by more than the remaining TTL ends
-//     leases early; a step back lengthens them. Holders' own loss detection in
-//     package locker uses the monotonic clock and is not affected.
-//   - The lock file of a holder that crashed stays until the key is acquired
-//     again (the file is reused) or a Refresh or Release call on the key finds
-//     the lease expired (the file is removed); each is under 300 bytes plus the
-//     key. The token counter file stays.
+//   - A key's lock file stays after Release, holding the key's last token
+//     (under 300 bytes plus the key), so that the next token can be floored
+//     by it; so does the token counter file. Remove the files of keys no
+//     longer used only while no process uses them.
+//   - The record format changed (version 2: monotonic expiry and boot id).
+//     Version 1 records are still read and honoured on the wall clock until
+//     rewritten, but earlier versions of this driver cannot read version 2:
+//     do not share a directory between processes of both.
+//   - Processes in different time namespaces (CLONE_NEWTIME) must not share
+//     a directory: their monotonic clocks differ.
 //   - Keys up to MaxKeyLen bytes, owners up to MaxOwnerLen bytes; two keys
 //     whose hashes collide (160 bits) would be detected and reported, not
 //     confused.

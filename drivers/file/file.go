@@ -33,13 +33,14 @@ const (
 )
 
 // Locker keeps leases in lock files in one directory. It implements
-// driver.Locker, driver.Waiter, driver.Inspector, driver.Capable and
-// driver.Pinger, and is safe for concurrent use. Lockers opened on the same
+// driver.Locker, driver.Waiter, driver.HoldWatcher, driver.Inspector,
+// driver.Capable and driver.Pinger, and is safe for concurrent use. Lockers opened on the same
 // directory, in one process or many, exclude each other.
 type Locker struct {
 	dir       string
 	tokenPath string
 	perm      uint32
+	boot      string // this boot's id
 	closed    atomic.Bool
 
 	mu   sync.Mutex
@@ -67,6 +68,10 @@ func Open(dsn string) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
+	boot, err := bootID()
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(c.dir, dirPerm(c.perm)); err != nil {
 		return nil, fmt.Errorf("file: lock directory: %w", err)
 	}
@@ -79,6 +84,7 @@ func Open(dsn string) (*Locker, error) {
 		dir:       c.dir,
 		tokenPath: filepath.Join(c.dir, tokenFile),
 		perm:      uint32(c.perm),
+		boot:      boot,
 		subs:      map[*subscription]struct{}{},
 	}
 	fd, err := unix.Open(l.tokenPath, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, l.perm)
@@ -115,8 +121,9 @@ func (l *Locker) Dir() string { return l.dir }
 func (l *Locker) Path(key string) string { return filepath.Join(l.dir, fileName(key)) }
 
 // Capabilities reports that any positive TTL is kept exactly (expiry is
-// compared on the host's wall clock) and that tokens survive the loss of the
-// directory's contents (they are floored at the wall clock in microseconds).
+// compared on the host's monotonic clock) and that tokens survive the loss
+// of the directory's contents (they are floored at the wall clock in
+// microseconds).
 func (l *Locker) Capabilities() driver.Capabilities {
 	return driver.Capabilities{DurableTokens: true}
 }
@@ -176,15 +183,14 @@ func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 	if err != nil {
 		return 0, err
 	}
-	now := time.Now().UnixNano()
-	if ok && r.held(now) {
+	if ok && r.held(now(l.boot)) {
 		if r.key != key {
 			return 0, fmt.Errorf("file: key %q collides with key %q in %s", key, r.key, path)
 		}
 		if r.owner != owner {
-			return 0, &driver.HeldError{Remaining: time.Duration(r.expires - now)}
+			return 0, &driver.HeldError{Remaining: r.remaining(now(l.boot))}
 		}
-		r.expires = now + int64(ttl)
+		r.grant(owner, now(l.boot), ttl)
 		if err := writeLease(fd, &r); err != nil {
 			return 0, err
 		}
@@ -200,11 +206,14 @@ func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 	if err := ctxErr(ctx); err != nil {
 		return fail(err)
 	}
-	tok, err := l.nextToken(ctx)
+	// The record left by the key's last grant, expired or released, floors
+	// the token.
+	tok, err := l.nextToken(ctx, r.token)
 	if err != nil {
 		return fail(lockErr(ctx, err))
 	}
-	r = lease{token: tok, expires: time.Now().UnixNano() + int64(ttl), owner: owner, key: key}
+	r = lease{token: tok, key: key}
+	r.grant(owner, now(l.boot), ttl)
 	if err := writeLease(fd, &r); err != nil {
 		return fail(err)
 	}
@@ -229,12 +238,8 @@ func (l *Locker) openHeld(ctx context.Context, key, owner string, ttl time.Durat
 		unix.Close(fd)
 		return -1, lease{}, err
 	}
-	if !ok || r.key != key || r.owner != owner || !r.held(time.Now().UnixNano()) {
-		if !ok || !r.held(time.Now().UnixNano()) {
-			// No lease in force: remove the stale file (nobody can be
-			// granted it meanwhile, we hold its flock).
-			_ = unix.Unlink(l.Path(key))
-		}
+	if !ok || r.key != key || r.owner != owner || !r.held(now(l.boot)) {
+		// An expired record stays: its token floors the key's next one.
 		unix.Close(fd)
 		return -1, lease{}, driver.ErrNotHeld
 	}
@@ -254,24 +259,22 @@ func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 	if err := ctxErr(ctx); err != nil {
 		return err
 	}
-	r.expires = time.Now().UnixNano() + int64(ttl)
+	r.grant(owner, now(l.boot), ttl)
 	return writeLease(fd, &r)
 }
 
-// Release frees key if owner holds it, by removing its lock file (which
-// wakes waiters). It returns driver.ErrNotHeld, changing nothing, otherwise
-// (a file left by an expired lease is removed: the key was free already).
-// Errors are otherwise those of Acquire.
+// Release frees key if owner holds it, by rewriting its record with no
+// owner (which wakes waiters); the record keeps the token, the floor of the
+// key's next one. It returns driver.ErrNotHeld, changing nothing,
+// otherwise. Errors are otherwise those of Acquire.
 func (l *Locker) Release(ctx context.Context, key, owner string) error {
-	fd, _, err := l.openHeld(ctx, key, owner, 0, false)
+	fd, r, err := l.openHeld(ctx, key, owner, 0, false)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	if err := unix.Unlink(l.Path(key)); err != nil {
-		return fmt.Errorf("file: remove lock file: %w", err)
-	}
-	return nil
+	r.owner, r.boot, r.expires = "", l.boot, 0
+	return writeLease(fd, &r)
 }
 
 // Inspect returns the holder of key, its token and remaining TTL, or
@@ -292,11 +295,11 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	if err != nil {
 		return driver.Info{}, err
 	}
-	now := time.Now().UnixNano()
-	if !ok || r.key != key || !r.held(now) {
+	at := now(l.boot)
+	if !ok || r.key != key || !r.held(at) {
 		return driver.Info{}, driver.ErrNotHeld
 	}
-	return driver.Info{Owner: r.owner, Token: r.token, Remaining: time.Duration(r.expires - now)}, nil
+	return driver.Info{Owner: r.owner, Token: r.token, Remaining: r.remaining(at)}, nil
 }
 
 // Ping checks that the lock directory is still there and writable.

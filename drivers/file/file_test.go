@@ -95,8 +95,9 @@ func TestAcquireRefreshRelease(t *testing.T) {
 	if err := a.Release(ctx, "k", "A"); err != nil {
 		t.Fatal(err)
 	}
-	if got := entries(t, dir); len(got) != 0 {
-		t.Fatalf("files left after release: %v", got)
+	// The record stays, with no owner, keeping the token.
+	if r := readRecord(t, a.Path("k")); r.owner != "" || r.token != tok || r.key != "k" {
+		t.Fatalf("record after release: %+v", r)
 	}
 	if err := a.Release(ctx, "k", "A"); !errors.Is(err, driver.ErrNotHeld) {
 		t.Fatalf("second Release = %v", err)
@@ -161,26 +162,42 @@ func TestRefreshDoesNotRevive(t *testing.T) {
 	if _, err := a.Acquire(ctx, "k", "A", time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
+	waitExpired(t, a, "k")
+	if err := a.Refresh(ctx, "k", "A", time.Minute); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("Refresh of an expired lease = %v", err)
+	}
+	if err := a.Release(ctx, "k", "A"); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("Release of an expired lease = %v", err)
+	}
+}
+
+// waitExpired waits until key's lease has expired.
+func waitExpired(t *testing.T, l *Locker, key string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := a.Inspect(ctx, "k"); errors.Is(err, driver.ErrNotHeld) {
-			break
+		if _, err := l.Inspect(ctxT(t), key); errors.Is(err, driver.ErrNotHeld) {
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("lease never expired")
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if err := a.Refresh(ctx, "k", "A", time.Minute); !errors.Is(err, driver.ErrNotHeld) {
-		t.Fatalf("Refresh of an expired lease = %v", err)
+}
+
+// readRecord reads the record in the lock file at path.
+func readRecord(t *testing.T, path string) lease {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The expired file is cleaned by Release, which still says ErrNotHeld.
-	if err := a.Release(ctx, "k", "A"); !errors.Is(err, driver.ErrNotHeld) {
-		t.Fatalf("Release of an expired lease = %v", err)
+	r, ok := decode(b)
+	if !ok {
+		t.Fatalf("unreadable record %q", b)
 	}
-	if _, err := os.Stat(a.Path("k")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("expired lock file left behind: %v", err)
-	}
+	return r
 }
 
 func TestBadInput(t *testing.T) {
@@ -279,7 +296,7 @@ func TestHashCollisionDetected(t *testing.T) {
 	l := open(t, dir)
 	ctx := ctxT(t)
 	// Plant a lease for another key under k's file name.
-	r := lease{token: 1, expires: time.Now().Add(time.Hour).UnixNano(), owner: "X", key: "other"}
+	r := lease{token: 1, boot: l.boot, expires: monoNow() + int64(time.Hour), owner: "X", key: "other"}
 	if err := os.WriteFile(l.Path("k"), r.encode(nil), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -465,8 +482,8 @@ func helperMain() int {
 		}
 		fmt.Println("acquired")
 		return 0
-	case "release": // remove key arg's lock file as a release does
-		if err := os.Remove(l.Path(arg)); err != nil {
+	case "release": // release key arg, taken by "acquire"
+		if err := l.Release(ctx, arg, "helper"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}

@@ -6,34 +6,86 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
 // A lease is the record kept in a key's lock file: who holds the key, until
-// when (wall clock, Unix nanoseconds) and with which fencing token. The file
-// holds one line:
+// when and with which fencing token. The file holds one line:
 //
-//	1 <token> <expires-unix-nanos> <quoted owner> <quoted key>
+//	2 <token> <boot id> <expires> <quoted owner> <quoted key>
 //
-// so that `cat` shows who holds what.
+// so that `cat` shows who holds what. expires is on CLOCK_MONOTONIC of the
+// boot named by the boot id (/proc/sys/kernel/random/boot_id): a clock that
+// wall-clock steps do not move, and that stands still while the host is
+// suspended, as the holders' own deadlines (Go's monotonic clock) do. A
+// record from another boot has expired. A released key keeps its record
+// with an empty owner: its token is the floor of the key's next one.
+//
+// Version 1 records (expires in Unix nanoseconds on the wall clock, no boot
+// id), written by earlier versions, are still read and honoured on the wall
+// clock until rewritten; earlier versions cannot read version 2, so all
+// processes sharing a directory must run this version or a later one.
 type lease struct {
 	token   uint64
-	expires int64
-	owner   string
+	boot    string // boot id; "" for a version 1 record
+	expires int64  // CLOCK_MONOTONIC ns of that boot; version 1: Unix ns
+	owner   string // "" once released
 	key     string
 }
 
-const leaseVersion = "1"
+const (
+	leaseVersion   = "2"
+	leaseVersionV1 = "1"
+)
+
+// instant is the time now on the clocks records use.
+type instant struct {
+	boot string // this boot's id
+	mono int64  // CLOCK_MONOTONIC, ns
+	wall int64  // Unix ns, for version 1 records only
+}
+
+// bootID is this boot's id, read once.
+var bootID = sync.OnceValues(func() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("file: boot id: %w", err)
+	}
+	id := strings.TrimSpace(string(b))
+	if id == "" || strings.ContainsAny(id, " \t\n") {
+		return "", fmt.Errorf("file: boot id %q is malformed", id)
+	}
+	return id, nil
+})
+
+// monoNow reads CLOCK_MONOTONIC, the clock Go's timers and package locker's
+// safe deadlines run on.
+func monoNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic("file: CLOCK_MONOTONIC: " + err.Error()) // cannot fail on Linux
+	}
+	return ts.Nano()
+}
+
+// now returns the current instant. boot is this boot's id, from bootID.
+func now(boot string) instant {
+	return instant{boot: boot, mono: monoNow(), wall: wallClock().UnixNano()}
+}
 
 // encode appends the record line to b.
 func (r *lease) encode(b []byte) []byte {
 	b = append(b, leaseVersion...)
 	b = append(b, ' ')
 	b = strconv.AppendUint(b, r.token, 10)
+	b = append(b, ' ')
+	b = append(b, r.boot...)
 	b = append(b, ' ')
 	b = strconv.AppendInt(b, r.expires, 10)
 	b = append(b, ' ')
@@ -53,10 +105,15 @@ func decode(b []byte) (r lease, ok bool) {
 		return r, false // a record always ends in a newline
 	}
 	ver, s, _ := strings.Cut(s, " ")
-	if ver != leaseVersion {
+	if ver != leaseVersion && ver != leaseVersionV1 {
 		return r, false
 	}
 	tok, s, _ := strings.Cut(s, " ")
+	if ver == leaseVersion {
+		if r.boot, s, _ = strings.Cut(s, " "); r.boot == "" {
+			return r, false
+		}
+	}
 	exp, s, _ := strings.Cut(s, " ")
 	var err error
 	if r.token, err = strconv.ParseUint(tok, 10, 64); err != nil {
@@ -79,8 +136,25 @@ func decode(b []byte) (r lease, ok bool) {
 	return r, true
 }
 
-// held reports whether the lease is in force at now (Unix nanoseconds).
-func (r *lease) held(now int64) bool { return r.owner != "" && r.expires > now }
+// held reports whether the lease is in force at now.
+func (r *lease) held(now instant) bool { return r.owner != "" && r.remaining(now) > 0 }
+
+// remaining is the lease's time left at now: zero or less once expired,
+// and for a record of another boot.
+func (r *lease) remaining(now instant) time.Duration {
+	switch r.boot {
+	case "":
+		return time.Duration(r.expires - now.wall)
+	case now.boot:
+		return time.Duration(r.expires - now.mono)
+	}
+	return 0
+}
+
+// grant makes r a lease for owner, expiring ttl after now.
+func (r *lease) grant(owner string, now instant, ttl time.Duration) {
+	r.owner, r.boot, r.expires = owner, now.boot, now.mono+int64(ttl)
+}
 
 // fileName is the lock file name of key: a hash, so that any key, whatever
 // its length or bytes, maps to a short portable name. The key itself is

@@ -16,9 +16,10 @@ func itoa(i int) string { return strconv.Itoa(i) }
 
 func TestLeaseRoundTrip(t *testing.T) {
 	for _, r := range []lease{
-		{token: 1, expires: 2, owner: "o", key: "k"},
-		{token: 1<<64 - 1, expires: -5, owner: `a "quoted" owner`, key: "a key with spaces\nand a newline"},
-		{token: 7, expires: time.Now().UnixNano(), owner: "ünïcödé", key: "\x00\xff binary"},
+		{token: 1, boot: "b", expires: 2, owner: "o", key: "k"},
+		{token: 1<<64 - 1, boot: "91b54395-00d1-4045-9804-259d6cb0c25a", expires: -5, owner: `a "quoted" owner`, key: "a key with spaces\nand a newline"},
+		{token: 7, boot: "b", expires: time.Now().UnixNano(), owner: "ünïcödé", key: "\x00\xff binary"},
+		{token: 9, boot: "b", key: "released"},
 	} {
 		b := r.encode(nil)
 		got, ok := decode(b)
@@ -27,15 +28,25 @@ func TestLeaseRoundTrip(t *testing.T) {
 		}
 		// A stale tail after the record (a crash between write and
 		// truncate) is ignored.
-		if got, ok := decode(append(b, "1 99 99 \"x\" \"y\"\n"...)); !ok || got != r {
+		if got, ok := decode(append(b, "2 99 b 99 \"x\" \"y\"\n"...)); !ok || got != r {
 			t.Errorf("decode with a tail = %+v, %v", got, ok)
 		}
 	}
 }
 
+// Version 1 records, written by earlier versions, are read: no boot id, the
+// expiry on the wall clock.
+func TestDecodeVersion1(t *testing.T) {
+	r, ok := decode([]byte("1 42 1700000000000000000 \"o\" \"k\"\n"))
+	if want := (lease{token: 42, expires: 1700000000000000000, owner: "o", key: "k"}); !ok || r != want {
+		t.Fatalf("decode(v1) = %+v, %v; want %+v", r, ok, want)
+	}
+}
+
 func TestDecodeGarbage(t *testing.T) {
-	for _, s := range []string{"", "\n", "1 2 3 \"o\" \"k\"", "2 1 2 \"o\" \"k\"\n", "1 x 2 \"o\" \"k\"\n", "1 1 y \"o\" \"k\"\n",
-		"1 1 2 o \"k\"\n", "1 1 2 \"o\" k\n", "1 1 2 \"o\"\n"} {
+	for _, s := range []string{"", "\n", "2 1 b 3 \"o\" \"k\"", "3 1 b 2 \"o\" \"k\"\n", "2 x b 2 \"o\" \"k\"\n", "2 1 b y \"o\" \"k\"\n",
+		"2 1 b 2 o \"k\"\n", "2 1 b 2 \"o\" k\n", "2 1 b 2 \"o\"\n", "2 1  2 \"o\" \"k\"\n", "2 1 2 \"o\" \"k\"\n",
+		"1 1 2 o \"k\"\n", "1 x 2 \"o\" \"k\"\n"} {
 		if r, ok := decode([]byte(s)); ok {
 			t.Errorf("decode(%q) = %+v, want no lease", s, r)
 		}

@@ -13,18 +13,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Waiting. A release removes the key's lock file, which inotify reports to
-// every process watching the directory; an expiry changes no file, so each
-// subscription also keeps a timer at the current lease's expiry, re-armed
-// whenever the lock file is written (a refresh or a new grant). One inotify
-// instance serves all subscriptions of a process on one directory.
+// Waiting. A release rewrites the key's lock file, which inotify reports to
+// every process watching the directory; each subscription then re-reads the
+// record and wakes if the lease it saw (or any grant since) has ended. An
+// expiry changes no file, so each subscription also keeps a timer at the
+// current lease's expiry, re-armed whenever the lock file is written (a
+// refresh or a new grant). One inotify instance serves all subscriptions of
+// a process on one directory.
 
 // pollInterval is how often a subscription re-reads the lock file when
 // inotify is unavailable (instance or watch limits reached).
 const pollInterval = 50 * time.Millisecond
 
-// Subscribe implements driver.Waiter. wake receives a value when key's lock
-// file is removed (a release), when the lease in it expires, and on a
+// Subscribe implements driver.Waiter. wake receives a value when key's lease
+// is released or expires, or its lock file is removed, and on a
 // directory event that may have been missed (an inotify queue overflow).
 // Should inotify be unavailable it falls back to re-reading the lock file
 // every 50ms. Errors: ErrInvalid for an empty key, ErrClosed after Close, and
@@ -33,27 +35,10 @@ func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 	if err := l.check(ctx, key, "-", 0, false); err != nil {
 		return nil, nil, err
 	}
-	s := &subscription{
-		l:    l,
-		key:  key,
-		path: l.Path(key),
-		name: fileName(key),
-		wake: make(chan struct{}, 1),
-		poke: make(chan struct{}, 1),
-		done: make(chan struct{}),
+	s, err := l.newSubscription(key)
+	if err != nil {
+		return nil, nil, err
 	}
-	s.w = acquireWatcher(l.dir)
-	if s.w != nil {
-		s.w.add(s)
-	}
-	l.mu.Lock()
-	if l.subs == nil {
-		l.mu.Unlock()
-		s.stop(false)
-		return nil, nil, driver.ErrClosed
-	}
-	l.subs[s] = struct{}{}
-	l.mu.Unlock()
 	// Read the lease now, so that anything after Subscribe returns is
 	// measured against it. If the flock is not had in a moment (its holder
 	// is stopped), run reads it later and sends a wake-up then.
@@ -73,6 +58,34 @@ func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 	}
 	go s.run(first, known)
 	return s.wake, func() { s.stop(false) }, nil
+}
+
+// newSubscription starts watching key's lock file: through the directory's
+// inotify watcher if one can be had (s.w is nil otherwise), registered with
+// l so that Close ends it. After Close it returns driver.ErrClosed.
+func (l *Locker) newSubscription(key string) (*subscription, error) {
+	s := &subscription{
+		l:    l,
+		key:  key,
+		path: l.Path(key),
+		name: fileName(key),
+		wake: make(chan struct{}, 1),
+		poke: make(chan struct{}, 1),
+		done: make(chan struct{}),
+	}
+	s.w = acquireWatcher(l.dir)
+	if s.w != nil {
+		s.w.add(s)
+	}
+	l.mu.Lock()
+	if l.subs == nil {
+		l.mu.Unlock()
+		s.stop(false)
+		return nil, driver.ErrClosed
+	}
+	l.subs[s] = struct{}{}
+	l.mu.Unlock()
+	return s, nil
 }
 
 type subscription struct {
@@ -129,7 +142,7 @@ func (s *subscription) run(last lease, known bool) {
 	timer.Stop()
 	arm := func(r lease) {
 		if r.owner != "" {
-			timer.Reset(time.Until(time.Unix(0, r.expires)) + 100*time.Microsecond)
+			timer.Reset(r.remaining(now(s.l.boot)) + 100*time.Microsecond)
 		}
 	}
 	arm(last)
@@ -152,9 +165,10 @@ func (s *subscription) run(last lease, known bool) {
 		if !ok {
 			return // stopped
 		}
-		// Wake when a lease in force has ended, or (polling) when another
-		// grant came and went between two reads.
-		if last.owner != "" && r.owner == "" || s.w == nil && r.token != last.token {
+		// Wake when the key is free and a lease ended since the last read:
+		// one seen in force, or another grant (a new token) that came and
+		// went between two reads.
+		if r.owner == "" && (last.owner != "" || r.token != last.token) {
 			signal(s.wake)
 		}
 		last = r
@@ -162,8 +176,8 @@ func (s *subscription) run(last lease, known bool) {
 	}
 }
 
-// read returns the lease in force on the key, or the zero lease. ok is
-// false if ctx ended first.
+// read returns the key's record, with no owner unless its lease is in
+// force, or the zero lease if there is none. ok is false if ctx ended first.
 func (s *subscription) read(ctx context.Context) (r lease, ok bool) {
 	fd, err := flockFile(ctx, s.path, unix.LOCK_SH, false, s.l.perm)
 	if err != nil {
@@ -178,8 +192,11 @@ func (s *subscription) read(ctx context.Context) (r lease, ok bool) {
 	}
 	defer unix.Close(fd)
 	r, ok, err = readLease(fd)
-	if err != nil || !ok || r.key != s.key || !r.held(time.Now().UnixNano()) {
+	if err != nil || !ok || r.key != s.key {
 		return lease{}, true
+	}
+	if !r.held(now(s.l.boot)) {
+		r.owner = ""
 	}
 	return r, true
 }

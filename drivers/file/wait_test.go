@@ -2,6 +2,7 @@ package file
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 )
@@ -108,7 +109,7 @@ func TestSubscribeCrossProcess(t *testing.T) {
 	p.expect(t, "acquired")
 	wake := subscribe(t, l, "k")
 	noWake(t, wake, "a holder that died (its lease is still in force)")
-	// Another process removes the file, as a release does.
+	// Another process releases it.
 	q := startHelper(t, dir, "release", "k")
 	q.expect(t, "released")
 	waitWake(t, wake, "release by another process")
@@ -147,4 +148,19 @@ func TestSubscribePollingFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitWake(t, wake, "release, polling")
+}
+
+// A lock file removed by hand (or by an earlier version's release) wakes
+// waiters too.
+func TestSubscribeWakesOnRemoval(t *testing.T) {
+	dir := t.TempDir()
+	l := open(t, dir)
+	if _, err := l.Acquire(ctxT(t), "k", "A", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	wake := subscribe(t, l, "k")
+	if err := os.Remove(l.Path("k")); err != nil {
+		t.Fatal(err)
+	}
+	waitWake(t, wake, "removal")
 }
