@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -145,6 +147,7 @@ func (l *Locker) acquire(ctx context.Context, key, owner string, ttl time.Durati
 	waited := false    // a wait reached the server and its session was lost
 	delay := rewaitMin // backoff while the server cannot be reached
 	var lastErr error  // why the last wait was lost
+	tries := 0         // fresh connections tried after a lost session
 	for {
 		conn, err := l.pool.Acquire(ctx)
 		if err != nil {
@@ -165,16 +168,41 @@ func (l *Locker) acquire(ctx context.Context, key, owner string, ttl time.Durati
 			h, err = l.tryOn(ctx, conn, c)
 		}
 		if retry {
-			if err != nil {
-				// The wait's session was lost: wait again.
+			switch {
+			case err == nil:
+			case sessionKilled(err):
+				// The server ended the wait's session (terminated,
+				// crashed, shutting down): wait again once it is back.
 				waited, lastErr = true, err
 				if !l.pause(ctx, &delay) {
 					return 0, l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), err))
 				}
+			case waited:
+				lastErr = err
+				if !l.pause(ctx, &delay) {
+					return 0, l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), err))
+				}
+			case tries < 3:
+				// The connection broke (a dead pooled connection, a
+				// reset): try a fresh one at once.
+				tries++
+			default:
+				return 0, l.fail(ctx, "acquire", fmt.Errorf("%w: %w", driver.ErrUnavailable, err))
 			}
 			continue
 		}
 		if err != nil {
+			if !wait && lostSession(err) && ctx.Err() == nil && tries < 3 {
+				// A pooled connection whose server went away: the
+				// statement never ran on a live session, so nothing is
+				// held. Try a fresh connection, which tells whether the
+				// server can be reached.
+				tries++
+				continue
+			}
+			if lostSession(err) {
+				return 0, fmt.Errorf("%w: %w", driver.ErrUnavailable, err)
+			}
 			return 0, err
 		}
 		h.key = key
@@ -377,6 +405,18 @@ func (l *Locker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call) (h *ho
 		return nil, false, errors.New("postgres: acquire: blocking lock not granted")
 	}
 	return &hold{owner: c.owner, token: r.token, conn: conn, origIST: r.origIST, origApp: r.origApp}, false, nil
+}
+
+// lostSession reports an error that means the session broke under the
+// statement, with no server error: the connection was closed or reset, or
+// the server went away.
+func lostSession(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return sessionKilled(err)
+	}
+	var opErr *net.OpError
+	return errors.As(err, &opErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err)
 }
 
 // sessionKilled reports a server error that ends the session from outside:

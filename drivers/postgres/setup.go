@@ -104,12 +104,19 @@ func setup(ctx context.Context, pool *pgxpool.Pool, schema, namespace string) (s
 
 // unavailable marks a failure to connect as driver.ErrUnavailable: refused,
 // unreachable or timed out, TLS or authentication failure, no free
-// connection slot, a server starting up or shutting down. pgx's messages
-// already name the host and the server's reason. Other errors are returned
-// as they are.
+// connection slot, a server starting up or shutting down; so is a pooled
+// connection found broken (the server went away). pgx's messages already
+// name the host and the server's reason. Other errors are returned as they
+// are.
 func unavailable(err error) error {
 	var ce *pgconn.ConnectError
-	if err == nil || !errors.As(err, &ce) {
+	if err == nil {
+		return nil
+	}
+	if !errors.As(err, &ce) {
+		if lostSession(err) && !sessionKilled(err) {
+			return fmt.Errorf("%w: %w", driver.ErrUnavailable, err)
+		}
 		return err
 	}
 	var pgErr *pgconn.PgError
