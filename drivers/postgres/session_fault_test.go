@@ -206,16 +206,9 @@ func runSessionFault(t *testing.T, f sessionFault) {
 // waitForWaiter returns once a session is queued for key's advisory lock.
 func waitForWaiter(t *testing.T, c *pgx.Conn, key string) {
 	t.Helper()
-	adv := AdvisoryKey(DefaultNamespace, key)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		var n int
-		if err := c.QueryRow(ctxFor(t, 30*time.Second), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
-			AND NOT granted AND classid = $1 AND objid = $2 AND objsubid = 1`,
-			uint32(uint64(adv)>>32), uint32(uint64(adv))).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
+		if queuedFor(t, c, key) > 0 {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -324,13 +317,53 @@ func replaceHost(raw, addr string) (string, error) {
 // holderPIDConn returns the backend pid holding key's advisory lock.
 func holderPIDConn(t *testing.T, c *pgx.Conn, key string) int {
 	t.Helper()
-	adv := AdvisoryKey(DefaultNamespace, key)
-	var pid int
-	err := c.QueryRow(ctxFor(t, 30*time.Second), `SELECT coalesce((SELECT pid FROM pg_locks
-		WHERE locktype = 'advisory' AND granted AND classid = $1 AND objid = $2 AND objsubid = 1 LIMIT 1), 0)`,
-		uint32(uint64(adv)>>32), uint32(uint64(adv))).Scan(&pid)
-	if err != nil || pid == 0 {
-		t.Fatalf("no backend holds %q: %v", key, err)
+	pid := holderPID(t, c, DefaultNamespace, key)
+	if pid == 0 {
+		t.Fatalf("no backend holds %q", key)
 	}
 	return pid
+}
+
+// While the session lives the watch never fires: not on the replies to
+// renewals (TTL/3 apart), nor on what the server sends an idle session
+// unasked (ParameterStatus after a configuration reload). It is armed all
+// along: terminating the backend afterwards closes Lost() at once.
+func TestSessionWatchNoFalseAlarm(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := ctxFor(t, time.Minute)
+	mon := monitorConn(t, srv.URL())
+	l := locker.New(openT(t, srv.URL()))
+	defer l.Close()
+	key := "no-false-alarm"
+	lk, err := l.TryAcquire(ctx, key, locker.WithTTL(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mon.Exec(ctx, `ALTER SYSTEM SET DateStyle = 'SQL, DMY'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mon.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lk.Lost():
+		t.Fatalf("Lost() closed while the session lived: %v", lk.Refresh(ctx, time.Second))
+	case <-time.After(2 * time.Second): // ~6 renewals and the reload
+	}
+	// Renew every 10s from now on, so that only the watch can report the
+	// end within the bound.
+	if err := lk.Refresh(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	pid := holderPIDConn(t, mon, key)
+	start := time.Now()
+	if _, err := mon.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lk.Lost():
+		t.Logf("Lost() %v after pg_terminate_backend", time.Since(start))
+	case <-time.After(lostBound):
+		t.Fatalf("Lost() did not close within %v of pg_terminate_backend", lostBound)
+	}
 }
