@@ -325,9 +325,9 @@ func holderPIDConn(t *testing.T, c *pgx.Conn, key string) int {
 }
 
 // While the session lives the watch never fires: not on the replies to
-// renewals (TTL/3 apart), nor on what the server sends an idle session
-// unasked (ParameterStatus after a configuration reload). It is armed all
-// along: terminating the backend afterwards closes Lost() at once.
+// renewals (TTL/3 apart), nor on the ParameterStatus messages a
+// configuration reload adds. It is armed all along: terminating the backend
+// afterwards closes Lost() at once.
 func TestSessionWatchNoFalseAlarm(t *testing.T) {
 	srv := pgtest.Start(t)
 	ctx := ctxFor(t, time.Minute)
