@@ -272,13 +272,13 @@ func (l *Locker) run(ctx context.Context, conn *pgxpool.Conn, wait bool, c *call
 	)
 	pid := conn.Conn().PgConn().PID()
 	args := []any{c.adv, int64(pid), strconv.FormatInt(c.ttlMS, 10),
-		strconv.FormatInt(c.ttlMS, 16), ownerTag(c.owner), uint32(uint64(c.adv) >> 32), uint32(uint64(c.adv))}
+		strconv.FormatInt(c.ttlMS, 16), ownerTag(c.owner)}
 	tcp := needTCP(conn, c.ttlMS)
 	sql := l.sql.acquire[boolIndex(wait)][boolIndex(tcp)]
 	if tcp {
 		args = append(args, keepaliveIdle(c.ttlMS))
 	}
-	if err := conn.QueryRow(ctx, sql, args...).Scan(&ok, &tok, &ist, &app, &set, &held); err != nil {
+	if err := conn.QueryRow(ctx, sql, args...).Scan(&ok, &tok, &ist, &app, &set); err != nil {
 		return nil, err
 	}
 	r := &acquireRow{}
@@ -295,8 +295,13 @@ func (l *Locker) run(ctx context.Context, conn *pgxpool.Conn, wait bool, c *call
 		r.granted = true
 		r.token = uint64(*tok)
 		r.origIST, r.origApp = *ist, *app
-	case held != nil:
-		r.remaining = parseHolder(*held)
+	case !wait:
+		// Refused: how long the holder has left, if the server can tell
+		// (a failed look-up only leaves it unknown).
+		err := conn.QueryRow(ctx, l.sql.holder, uint32(uint64(c.adv)>>32), uint32(uint64(c.adv))).Scan(&held)
+		if err == nil && held != nil {
+			r.remaining = parseHolder(*held)
+		}
 	}
 	return r, nil
 }

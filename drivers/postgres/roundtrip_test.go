@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -11,9 +12,9 @@ import (
 
 // What the server sees per operation, counted by pg_stat_statements (every
 // statement executed) and transaction ids (a commit flushes the WAL only if
-// its transaction has one): an uncontended
-// acquire+release is two statements, a refresh one, holding a watched lock
-// none, and a WAL flush happens about once per 32 acquisitions (when the
+// its transaction has one): an uncontended acquire+release is two
+// statements, a refresh one, holding a watched lock none, a refused attempt
+// two, and a WAL flush happens about once per 32 acquisitions (when the
 // sequence logs), not on every one.
 func TestStatementsPerOperation(t *testing.T) {
 	srv := pgtest.Start(t, "shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all")
@@ -84,6 +85,28 @@ func TestStatementsPerOperation(t *testing.T) {
 	}
 	if flushes > n/32+3 {
 		t.Errorf("%d acquire+release flushed the WAL %d times, want about %d (once per 32 tokens)", n, flushes, n/32)
+	}
+
+	// A refused attempt is two statements: the try, and the look-up of
+	// the holder's remaining TTL.
+	other := locker.New(openT(t, srv.URL()))
+	defer other.Close()
+	held, err := other.TryAcquire(ctx, "k", locker.WithTTL(time.Minute), locker.WithAutoRenew(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(ctx, "k", locker.WithTTL(time.Minute)); !errors.Is(err, locker.ErrNotAcquired) {
+		t.Fatalf("TryAcquire of a held key: %v", err)
+	}
+	reset()
+	if _, err := l.TryAcquire(ctx, "k", locker.WithTTL(time.Minute)); !errors.Is(err, locker.ErrNotAcquired) {
+		t.Fatalf("TryAcquire of a held key: %v", err)
+	}
+	if got := statements(); got != 2 {
+		t.Errorf("a refused TryAcquire ran %d statements, want 2", got)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 
 	// Holding a watched lock sends nothing; a refresh is one statement.
