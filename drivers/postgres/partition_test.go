@@ -19,8 +19,8 @@ import (
 // so its lock, must survive until the TTL has passed since its last
 // statement, because the driver raises the session's tcp_user_timeout and
 // tcp_keepalives_idle to the TTL. The holder runs in a network namespace the
-// test creates, joined to the server by a veth pair; the partition takes
-// both ends of the pair down. Needs root (ip netns).
+// test creates, joined to the server by a veth pair; the partition is a
+// blackhole route on each side. Needs root (ip netns, ip route).
 func TestPartitionKeepsSessionForTTL(t *testing.T) {
 	ns := fmt.Sprintf("lkpart%d", os.Getpid()%100000)
 	hostIf, nsIf := "lkh"+ns[6:], "lkn"+ns[6:]
@@ -35,6 +35,12 @@ func TestPartitionKeepsSessionForTTL(t *testing.T) {
 	t.Cleanup(func() {
 		_ = exec.Command("ip", "netns", "del", ns).Run() // also removes the veth pair
 		_ = exec.Command("ip", "link", "del", hostIf).Run()
+	})
+	// Traffic for the test's addresses never takes the default route, even
+	// when the veth pair is gone.
+	ip("route", "add", "unreachable", "10.213.77.0/24", "metric", "4000")
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "route", "del", "unreachable", "10.213.77.0/24", "metric", "4000").Run()
 	})
 	ip("link", "add", hostIf, "type", "veth", "peer", "name", nsIf)
 	ip("link", "set", nsIf, "netns", ns)
@@ -84,16 +90,17 @@ func TestPartitionKeepsSessionForTTL(t *testing.T) {
 		}
 	}
 
-	// Partition (both ends of the veth pair down: every packet is lost),
-	// then read when the server's idle timer for the holder started
-	// (Remaining is the TTL minus the session's idle time).
+	// Partition: a blackhole route on each side for the other's address, so
+	// every packet between them is dropped where it is sent (and none
+	// leaves the machine). Then read when the server's idle timer for the
+	// holder started (Remaining is the TTL minus the session's idle time).
 	heal := func() {
-		_ = exec.Command("ip", "link", "set", hostIf, "up").Run()
-		_ = exec.Command("ip", "netns", "exec", ns, "ip", "link", "set", nsIf, "up").Run()
+		_ = exec.Command("ip", "route", "del", "blackhole", nsIP+"/32").Run()
+		_ = exec.Command("ip", "netns", "exec", ns, "ip", "route", "del", "blackhole", hostIP+"/32").Run()
 	}
 	t.Cleanup(heal)
-	ip("link", "set", hostIf, "down")
-	ip("netns", "exec", ns, "ip", "link", "set", nsIf, "down")
+	ip("route", "add", "blackhole", nsIP+"/32")
+	ip("netns", "exec", ns, "ip", "route", "add", "blackhole", hostIP+"/32")
 	d := openT(t, srv.URL())
 	before := time.Now()
 	info, err := d.Inspect(ctx, key)
