@@ -127,15 +127,15 @@
 // package locker (driver.HoldWatcher, Linux): the pinned socket sits in an
 // epoll set for its peer-closed, hang-up and error conditions, which costs
 // no traffic and no statement, and Lost() closes as soon as the socket
-// reports the end. Measured on a loaded 2-core machine under -race, ten
+// reports the end. Measured on a loaded 2-core machine under -race, fifteen
 // runs each (TestSessionFault*, which assert Lost() within 100ms), from the
 // fault to the holder's Lost() and to a waiter's grant:
 //
 //	fault                                  Lost()      waiter granted
 //	pg_terminate_backend of the holder     4–20ms      1–6ms
-//	connection reset between (a proxy)     0.2–4ms     0.8–3ms
-//	another backend SIGKILLed (reset all)  3–11ms      after recovery, 0.2–0.4s
-//	immediate shutdown and restart         3–7ms       after restart, 0.2–0.7s
+//	connection reset between (a proxy)     0.2–4ms     0.8–5ms
+//	another backend SIGKILLed (reset all)  3–13ms      after recovery, 0.2–0.4s
+//	immediate shutdown and restart         3–11ms      after restart, 0.2–0.7s
 //
 // So a waiter may be granted the lock a few milliseconds before the old
 // holder hears of the loss (pg_terminate_backend, a reset): the holder's
