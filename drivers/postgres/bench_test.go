@@ -80,6 +80,61 @@ func BenchmarkUncontended(b *testing.B) {
 	})
 }
 
+// Uncontended acquire+release measured interleaved with its floor: each
+// iteration runs the operation once on each side, in turn, and times each
+// on its own, so load from other processes falls on both alike. Reported:
+// ns per acquire+release of each and their ratio.
+//
+//	driver       this driver's Acquire + Release (2 statements)
+//	locker       package locker on this driver: TryAcquire + Release
+//	floor        pg_advisory_lock + pg_advisory_unlock on a pinned connection
+func BenchmarkUncontendedInterleaved(b *testing.B) {
+	url := serverURL(b)
+	ctx := context.Background()
+	key := fmt.Sprintf("bench/interleaved/%d", time.Now().UnixNano())
+	d := openT(b, url)
+	l := locker.New(openT(b, url))
+	defer l.Close()
+	conn := rawConn(b, url)
+	adv := AdvisoryKey("bench-floor", key)
+	var tDriver, tLocker, tFloor time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		if _, err := d.Acquire(ctx, key, "owner", 10*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		if err := d.Release(ctx, key, "owner"); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, adv); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, adv); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		lk, err := l.TryAcquire(ctx, key, locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		t3 := time.Now()
+		tDriver += t1.Sub(t0)
+		tFloor += t2.Sub(t1)
+		tLocker += t3.Sub(t2)
+	}
+	n := float64(b.N)
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(float64(tDriver.Nanoseconds())/n, "driver-ns/op")
+	b.ReportMetric(float64(tLocker.Nanoseconds())/n, "locker-ns/op")
+	b.ReportMetric(float64(tFloor.Nanoseconds())/n, "floor-ns/op")
+	b.ReportMetric(float64(tDriver)/float64(tFloor), "driver/floor")
+	b.ReportMetric(float64(tLocker)/float64(tFloor), "locker/floor")
+}
+
 func rawConn(b *testing.B, url string) *pgx.Conn {
 	b.Helper()
 	conn, err := pgx.Connect(context.Background(), url)

@@ -82,7 +82,19 @@ type child struct {
 
 func startHolderChild(t *testing.T, url, key, owner string, ttl time.Duration) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	return startHolderChildIn(t, nil, url, key, owner, ttl)
+}
+
+// startHolderChildIn runs the helper process under a command prefix, such
+// as "ip netns exec NAME".
+func startHolderChildIn(t *testing.T, prefix []string, url, key, owner string, ttl time.Duration) *child {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := append(append([]string{}, prefix...), self, "-test.run=^$")
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), envChild+"=holder", envURL+"="+url, envKey+"="+key,
 		envOwner+"="+owner, envTTL+"="+ttl.String())
 	cmd.Stderr = os.Stderr
@@ -113,17 +125,24 @@ func startHolderChild(t *testing.T, url, key, owner string, ttl time.Duration) *
 // expect waits for the child's next line, which must start with prefix.
 func (c *child) expect(t *testing.T, prefix string, limit time.Duration) string {
 	t.Helper()
+	line := c.next(t, limit)
+	if !strings.HasPrefix(line, prefix) {
+		t.Fatalf("child printed %q, want %s…", line, prefix)
+	}
+	return line
+}
+
+// next waits for the child's next line; "EXITED" if it exited first.
+func (c *child) next(t *testing.T, limit time.Duration) string {
+	t.Helper()
 	select {
 	case line, ok := <-c.lines:
 		if !ok {
-			t.Fatalf("child exited before printing %s", prefix)
-		}
-		if !strings.HasPrefix(line, prefix) {
-			t.Fatalf("child printed %q, want %s…", line, prefix)
+			return "EXITED"
 		}
 		return line
 	case <-time.After(limit):
-		t.Fatalf("child did not print %s within %v", prefix, limit)
+		t.Fatalf("child printed nothing within %v", limit)
 	}
 	return ""
 }

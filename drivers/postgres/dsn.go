@@ -93,7 +93,10 @@ func parseDSN(dsn string) (*config, error) {
 		return nil, err
 	}
 	_, hasMax := q["pool_max_conns"]
-	u.RawQuery = q.Encode()
+	// Encode writes a space as "+", which pgx's URL parser keeps as a
+	// plus sign (options=-c%20name=value would reach the server as
+	// "-c+name=value"): write it as %20.
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 	pc, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", invalid(err))

@@ -19,6 +19,9 @@ func TestParseDSN(t *testing.T) {
 		c.pool.ConnConfig.Host != "db.example" || c.pool.ConnConfig.Port != 6543 || c.pool.ConnConfig.Database != "app" {
 		t.Fatalf("parsed %+v / %+v", c, c.pool.ConnConfig)
 	}
+	if got := c.pool.ConnConfig.RuntimeParams["options"]; got != "-c search_path=y" {
+		t.Fatalf("options = %q, want %q", got, "-c search_path=y")
+	}
 	if _, ok := c.pool.ConnConfig.RuntimeParams["schema"]; ok {
 		t.Fatal("our parameter leaked to pgx")
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/internal/pgtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -33,7 +34,7 @@ func poolT(t testing.TB, url string) *pgxpool.Pool {
 }
 
 // holderPID returns the backend pid holding key's advisory lock, or 0.
-func holderPID(t testing.TB, p *pgxpool.Pool, ns, key string) int {
+func holderPID(t testing.TB, p rowQuerier, ns, key string) int {
 	t.Helper()
 	adv := AdvisoryKey(ns, key)
 	var pid int
@@ -46,6 +47,25 @@ func holderPID(t testing.TB, p *pgxpool.Pool, ns, key string) int {
 	return pid
 }
 
+// rowQuerier is a *pgx.Conn or a *pgxpool.Pool.
+type rowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// queuedFor returns how many sessions wait in the server for key's
+// advisory lock.
+func queuedFor(t *testing.T, q rowQuerier, key string) int {
+	t.Helper()
+	adv := AdvisoryKey(DefaultNamespace, key)
+	var n int
+	if err := q.QueryRow(ctxFor(t, 30*time.Second), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+		AND NOT granted AND classid = $1 AND objid = $2 AND objsubid = 1`,
+		uint32(uint64(adv)>>32), uint32(uint64(adv))).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // waitLost waits for lk.Lost() to close.
 func waitLost(t *testing.T, lk *locker.Lock, limit time.Duration, why string) {
 	t.Helper()
@@ -53,47 +73,6 @@ func waitLost(t *testing.T, lk *locker.Lock, limit time.Duration, why string) {
 	case <-lk.Lost():
 	case <-time.After(limit):
 		t.Fatalf("%s: Lost() did not fire within %v", why, limit)
-	}
-}
-
-// The holder's backend is terminated: Lost() fires and another owner
-// acquires, with a higher token.
-func TestTerminatedBackend(t *testing.T) {
-	url := serverURL(t)
-	key := fmt.Sprintf("terminate/%d", time.Now().UnixNano())
-	a, b := locker.New(openT(t, url)), locker.New(openT(t, url))
-	ttl := 3 * time.Second
-	lk, err := a.TryAcquire(ctxFor(t, 30*time.Second), key, locker.WithTTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := poolT(t, url)
-	pid := holderPID(t, p, DefaultNamespace, key)
-	if pid == 0 {
-		t.Fatal("no backend holds the lock")
-	}
-	var ok bool
-	if err := p.QueryRow(ctxFor(t, 30*time.Second), `SELECT pg_terminate_backend($1)`, pid).Scan(&ok); err != nil || !ok {
-		t.Fatalf("pg_terminate_backend: %v %v", ok, err)
-	}
-	// The backend exits asynchronously; its exit frees the lock, long
-	// before the TTL. Acquire waits in the server for that.
-	start := time.Now()
-	lk2, err := b.Acquire(ctxFor(t, 30*time.Second), key, locker.WithTTL(ttl))
-	if el := time.Since(start); err == nil && el > ttl {
-		t.Fatalf("lock freed only %v after pg_terminate_backend (TTL %v)", el, ttl)
-	}
-	if err != nil {
-		t.Fatalf("another owner after pg_terminate_backend: %v", err)
-	}
-	defer lk2.Release(ctxFor(t, 30*time.Second))
-	if lk2.Token() <= lk.Token() {
-		t.Fatalf("token %d after termination is not above %d", lk2.Token(), lk.Token())
-	}
-	// The next renewal (every TTL/3) finds the session gone.
-	waitLost(t, lk, ttl+10*time.Second, "after pg_terminate_backend")
-	if err := lk.Refresh(ctxFor(t, 30*time.Second), ttl); !errors.Is(err, locker.ErrNotHeld) {
-		t.Fatalf("Refresh after termination: %v, want ErrNotHeld", err)
 	}
 }
 
@@ -136,8 +115,8 @@ func TestPausedHolder(t *testing.T) {
 	}
 	late := granted.Sub(after.Add(info.Remaining))
 	t.Logf("server freed the frozen holder's lock %v after its TTL (upper estimate)", late)
-	if late > 2*time.Second {
-		t.Fatalf("lock freed %v after the TTL, want within 2s", late)
+	if late > expiryBound {
+		t.Fatalf("lock freed %v after the TTL, want within %v", late, expiryBound)
 	}
 	if tok <= childTok {
 		t.Fatalf("new token %d not above the frozen holder's %d", tok, childTok)
@@ -162,10 +141,14 @@ func TestPausedHolder(t *testing.T) {
 	}
 }
 
+// expiryBound is how soon after the TTL the server frees an unrenewed lock
+// (the package documentation and the README quote it).
+const expiryBound = 500 * time.Millisecond
+
 // How fast the server frees an unrenewed lock: the grant to a waiter blocked
 // in the server comes at TTL plus the server's timer and process-exit
 // latency. Lower bound, exact: no grant before the holder's acquire was sent
-// plus TTL. Upper bound, generous: 2s.
+// plus TTL. Upper bound: expiryBound.
 func TestExpiryLatency(t *testing.T) {
 	url := serverURL(t)
 	a, b := openT(t, url), openT(t, url)
@@ -185,8 +168,8 @@ func TestExpiryLatency(t *testing.T) {
 		if late < 0 {
 			t.Fatalf("granted %v before the TTL", -late)
 		}
-		if late > 2*time.Second {
-			t.Fatalf("granted %v after the TTL", late)
+		if late > expiryBound {
+			t.Fatalf("granted %v after the TTL, want within %v", late, expiryBound)
 		}
 		lates = append(lates, late)
 		lows = append(lows, time.Since(returned)-ttl)
@@ -264,15 +247,9 @@ func TestAcquireWaitCancel(t *testing.T) {
 		t.Fatalf("AcquireWait returned %v after its deadline", el)
 	}
 	p := poolT(t, url)
-	adv := AdvisoryKey(DefaultNamespace, key)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		var waiting int
-		if err := p.QueryRow(ctxFor(t, 30*time.Second), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
-			AND NOT granted AND classid = $1 AND objid = $2 AND objsubid = 1`,
-			uint32(uint64(adv)>>32), uint32(uint64(adv))).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
+		waiting := queuedFor(t, p, key)
 		if waiting == 0 {
 			break
 		}

@@ -40,7 +40,7 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Info, error) {
 		return driver.Info{}, notHeld("inspect", key)
 	}
 	if err != nil {
-		return driver.Info{}, l.fail(ctx, "inspect", err)
+		return driver.Info{}, l.fail(ctx, "inspect", unavailable(err))
 	}
 	var info driver.Info
 	if app == nil {

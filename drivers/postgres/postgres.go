@@ -73,8 +73,8 @@ func WithSchema(schema string) Option { return func(c *config) { c.schema = sche
 func WithNamespace(ns string) Option { return func(c *config) { c.namespace = ns } }
 
 // Locker is the driver.Locker of this package. It implements
-// driver.BlockingAcquirer, driver.Inspector, driver.Capable and
-// driver.Pinger. It is safe for concurrent use.
+// driver.BlockingAcquirer, driver.HoldWatcher (on Linux), driver.Inspector,
+// driver.Capable and driver.Pinger. It is safe for concurrent use.
 type Locker struct {
 	pool    *pgxpool.Pool
 	ownPool bool
@@ -84,16 +84,19 @@ type Locker struct {
 	ctx    context.Context // done once Close begins
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
-	closed bool
-	ops    sync.WaitGroup
-	slots  map[string]*slot
+	mu        sync.Mutex
+	closed    bool
+	ops       sync.WaitGroup
+	slots     map[string]*slot
+	watcher   *sessionWatcher // started by the first WatchHold
+	listeners uint64          // last WatchHold listener id
 }
 
 // slot is the per-key state of a Locker.
 type slot struct {
-	refs int  // guarded by Locker.mu
-	held bool // guarded by Locker.mu: h != nil
+	refs int   // guarded by Locker.mu
+	held bool  // guarded by Locker.mu: h != nil
+	cur  *hold // guarded by Locker.mu: h, for WatchHold
 
 	mu sync.Mutex // guards h and serializes use of h.conn
 	h  *hold
@@ -105,8 +108,11 @@ type slot struct {
 // sequence if missing. The pool it creates is closed by Close.
 //
 // Errors wrap driver.ErrInvalid for a malformed URL or an unknown query
-// parameter; ErrStandby, ErrPooler or ErrServerVersion for an unsuitable
-// server; otherwise they carry the server's or pgx's message.
+// parameter; driver.ErrUnavailable when the server cannot be reached
+// (connection refused or timed out, TLS or authentication failure, no free
+// connection slot, the server starting up or shutting down); ErrStandby,
+// ErrPooler or ErrServerVersion for an unsuitable server; otherwise they
+// carry the server's or pgx's message.
 func Open(ctx context.Context, dsn string) (*Locker, error) {
 	c, err := parseDSN(dsn)
 	if err != nil {
@@ -114,7 +120,7 @@ func Open(ctx context.Context, dsn string) (*Locker, error) {
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, c.pool)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
+		return nil, fmt.Errorf("postgres: %w", unavailable(err))
 	}
 	l, err := newLocker(ctx, pool, c)
 	if err != nil {
@@ -173,7 +179,7 @@ func (l *Locker) Ping(ctx context.Context) error {
 	}
 	defer done()
 	if err := l.pool.Ping(ctx); err != nil {
-		return l.fail(ctx, "ping", err)
+		return l.fail(ctx, "ping", unavailable(err))
 	}
 	return nil
 }
@@ -198,11 +204,18 @@ func (l *Locker) Close() error {
 	l.mu.Unlock()
 	for _, s := range slots {
 		s.mu.Lock()
-		if s.h != nil {
-			destroy(s.h.conn)
-			s.h = nil
+		if h := s.h; h != nil {
+			l.setHold(s, nil)
+			destroy(h.conn)
 		}
 		s.mu.Unlock()
+	}
+	l.mu.Lock()
+	w := l.watcher
+	l.watcher = nil
+	l.mu.Unlock()
+	if w != nil {
+		w.close()
 	}
 	if l.ownPool {
 		l.pool.Close()
@@ -281,11 +294,16 @@ func (l *Locker) putSlot(key string, s *slot) {
 	}
 }
 
-// setHold sets s.h; the caller holds s.mu. (Lock order: slot.mu before
-// Locker.mu, never the reverse.)
+// setHold sets s.h; the caller holds s.mu. A hold it replaces stops being
+// watched, without a report. (Lock order: slot.mu before Locker.mu, never
+// the reverse.)
 func (l *Locker) setHold(s *slot, h *hold) {
 	s.h = h
 	l.mu.Lock()
+	if old := s.cur; old != nil && old != h {
+		old.unwatchLocked()
+	}
+	s.cur = h
 	s.held = h != nil
 	l.mu.Unlock()
 }

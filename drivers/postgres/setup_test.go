@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/pgtest"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -44,6 +46,16 @@ func TestOpenAuthAndDatabase(t *testing.T) {
 			t.Fatalf("wrong password: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond) // waiting for the server to reload pg_hba.conf
+	}
+	// An authentication failure is "cannot reach the backend", not "held".
+	wrong := fmt.Sprintf(base, "wrong")
+	for _, open := range []func() error{
+		func() error { _, err := Open(ctx, wrong); return err },
+		func() error { _, err := locker.OpenURL(wrong); return err },
+	} {
+		if err := open(); !errors.Is(err, driver.ErrUnavailable) || errors.Is(err, driver.ErrNotAcquired) {
+			t.Fatalf("wrong password: %v, want ErrUnavailable", err)
+		}
 	}
 	if _, err := Open(ctx, fmt.Sprintf("postgres://postgres@%s/nosuchdb?sslmode=disable", srv.Addr())); err == nil ||
 		!strings.Contains(err.Error(), `database "nosuchdb" does not exist`) {

@@ -209,7 +209,8 @@ func (s *Server) Kill(tb testing.TB) {
 	s.teardown()
 }
 
-// Restart crashes the server (as Kill) and starts it again on the same port
+// Restart crashes the server (as Kill; nothing to do if it was stopped by
+// StopImmediate) and starts it again on the same port
 // and data directory; it returns once the server accepts connections (crash
 // recovery included).
 func (s *Server) Restart(tb testing.TB) {
@@ -218,6 +219,27 @@ func (s *Server) Restart(tb testing.TB) {
 	if err := s.start(); err != nil {
 		tb.Fatalf("pgtest: restart: %v", err)
 	}
+}
+
+// StopImmediate stops the server with an immediate shutdown (SIGQUIT to the
+// postmaster, which makes every backend quit at once, without a checkpoint,
+// as pg_ctl stop -m immediate does) and waits for it to exit. Restart starts
+// it again on the same port and data directory, with crash recovery.
+func (s *Server) StopImmediate(tb testing.TB) {
+	tb.Helper()
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		tb.Fatal("pgtest: StopImmediate: server not running")
+	}
+	_ = syscall.Kill(cmd.Process.Pid, syscall.SIGQUIT)
+	select {
+	case <-done:
+	case <-time.After(StartTimeout):
+		tb.Fatalf("pgtest: postmaster did not exit within %v of an immediate shutdown", StartTimeout)
+	}
+	s.teardown() // reaps backends that are still exiting
 }
 
 // Stop freezes the server with SIGSTOP to the postmaster and every backend:

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,13 +21,20 @@ import (
 const cancelGrace = 250 * time.Millisecond
 
 // hold is a lock this Locker holds: a pooled connection pinned to it until
-// release, with what is needed to restore the session on release.
+// release, with what is needed to restore the session on release, and the
+// watch on its session (see WatchHold).
 type hold struct {
+	key     string
 	owner   string
 	token   uint64
 	conn    *pgxpool.Conn
 	origIST string // idle_session_timeout before the grant
 	origApp string // application_name before the grant
+
+	// Guarded by Locker.mu.
+	mon       *sessionWatch          // the socket watch; nil if unwatched
+	listeners map[uint64]func(error) // WatchHold callbacks
+	gone      bool                   // the session was seen to end
 }
 
 // call holds the arguments of one acquire, computed once.
@@ -71,6 +81,8 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 // returns the same token.
 //
 // Errors wrap driver.ErrInvalid (empty key or owner, ttl ≤ 0 or > MaxTTL),
+// driver.ErrUnavailable (the server could not be reached: refused,
+// unreachable, TLS or authentication failure, no free connection slot),
 // driver.ErrClosed, ctx.Err(), ErrStandby or ErrPooler; a failure leaves
 // nothing held (a connection in doubt is closed, which ends its session).
 func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
@@ -84,10 +96,22 @@ func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 // which also ends the wait. A grant that races with cancellation is undone
 // by closing its connection. While it waits it holds one connection.
 //
+// Once the wait has reached the server, losing its session (a terminated
+// backend, a server crash or restart, a reset connection) does not end it:
+// the wait is made again on a new connection, with backoff from 10ms to 1s
+// while the server cannot be reached, until ctx is done (the error then
+// wraps ctx.Err() and names the last failure).
+//
 // Errors are those of Acquire, except driver.ErrNotAcquired.
 func (l *Locker) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	return l.acquire(ctx, key, owner, ttl, true)
 }
+
+// Backoff of AcquireWait while it waits for the server to come back.
+const (
+	rewaitMin = 10 * time.Millisecond
+	rewaitMax = time.Second
+)
 
 func (l *Locker) acquire(ctx context.Context, key, owner string, ttl time.Duration, wait bool) (uint64, error) {
 	c, err := l.newCall(key, owner, ttl)
@@ -120,10 +144,21 @@ func (l *Locker) acquire(ctx context.Context, key, owner string, ttl time.Durati
 	}
 	s.mu.Unlock()
 
+	waited := false    // a wait reached the server and its session was lost
+	delay := rewaitMin // backoff while the server cannot be reached
+	var lastErr error  // why the last wait was lost
+	tries := 0         // fresh connections tried after a lost session
 	for {
 		conn, err := l.pool.Acquire(ctx)
 		if err != nil {
-			return 0, l.fail(ctx, "acquire", connectError(err))
+			if waited && ctx.Err() == nil && l.pause(ctx, &delay) {
+				lastErr = err
+				continue
+			}
+			if waited && ctx.Err() != nil {
+				return 0, l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), unavailable(lastErr)))
+			}
+			return 0, l.fail(ctx, "acquire", unavailable(err))
 		}
 		var h *hold
 		var retry bool
@@ -133,11 +168,44 @@ func (l *Locker) acquire(ctx context.Context, key, owner string, ttl time.Durati
 			h, err = l.tryOn(ctx, conn, c)
 		}
 		if retry {
+			switch {
+			case err == nil:
+			case sessionKilled(err):
+				// The server ended the wait's session (terminated,
+				// crashed, shutting down): wait again once it is back.
+				waited, lastErr = true, err
+				if !l.pause(ctx, &delay) {
+					return 0, l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), err))
+				}
+			case waited:
+				lastErr = err
+				if !l.pause(ctx, &delay) {
+					return 0, l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), err))
+				}
+			case tries < 3:
+				// The connection broke (a dead pooled connection, a
+				// reset): try a fresh one at once.
+				tries++
+			default:
+				return 0, l.fail(ctx, "acquire", fmt.Errorf("%w: %w", driver.ErrUnavailable, err))
+			}
 			continue
 		}
 		if err != nil {
+			if !wait && lostSession(err) && ctx.Err() == nil && tries < 3 {
+				// A pooled connection whose server went away: the
+				// statement never ran on a live session, so nothing is
+				// held. Try a fresh connection, which tells whether the
+				// server can be reached.
+				tries++
+				continue
+			}
+			if lostSession(err) {
+				return 0, fmt.Errorf("%w: %w", driver.ErrUnavailable, err)
+			}
 			return 0, err
 		}
+		h.key = key
 		s.mu.Lock()
 		old := s.h
 		l.setHold(s, h)
@@ -145,9 +213,24 @@ func (l *Locker) acquire(ctx context.Context, key, owner string, ttl time.Durati
 		if old != nil {
 			// We were granted the lock, so the old holder's session is
 			// gone; drop its connection.
+			l.reportGone(old, errors.New("the session ended (the key was granted again)"))
 			destroy(old.conn)
 		}
 		return h.token, nil
+	}
+}
+
+// pause sleeps for *delay (then doubles it, up to rewaitMax) unless ctx is
+// done first; it reports whether ctx is still live.
+func (l *Locker) pause(ctx context.Context, delay *time.Duration) bool {
+	t := time.NewTimer(*delay)
+	defer t.Stop()
+	*delay = min(2**delay, rewaitMax)
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -160,18 +243,42 @@ type acquireRow struct {
 	remaining        time.Duration // if refused: the holder's TTL left, 0 if unknown
 }
 
-func (l *Locker) run(ctx context.Context, conn *pgxpool.Conn, sql string, c *call) (*acquireRow, error) {
+// The connection's CustomData key under which the TTL (ms) its TCP settings
+// were last raised for is kept (see tcpSettings).
+const tcpDataKey = "locker.tcp_ttl_ms"
+
+// needTCP reports whether conn's TCP settings must be raised for ttlMS.
+func needTCP(conn *pgxpool.Conn, ttlMS int64) bool {
+	have, _ := conn.Conn().PgConn().CustomData()[tcpDataKey].(int64)
+	return have < ttlMS
+}
+
+// tcpRaised records that conn's TCP settings now cover ttlMS.
+func tcpRaised(conn *pgxpool.Conn, ttlMS int64) {
+	conn.Conn().PgConn().CustomData()[tcpDataKey] = ttlMS
+}
+
+// keepaliveIdle is tcp_keepalives_idle for a TTL: whole seconds, rounded up,
+// within the range Linux accepts.
+func keepaliveIdle(ttlMS int64) string {
+	return strconv.FormatInt(min(max((ttlMS+999)/1000, 1), 32767), 10)
+}
+
+func (l *Locker) run(ctx context.Context, conn *pgxpool.Conn, wait bool, c *call) (*acquireRow, error) {
 	var (
-		ok                          *bool
-		tok, holderIdle             *int64
-		ist, app, holderApp, hState *string
-		set1, set2, set3            *string
+		ok                  *bool
+		tok                 *int64
+		ist, app, set, held *string
 	)
 	pid := conn.Conn().PgConn().PID()
-	err := conn.QueryRow(ctx, sql, c.adv, int64(pid), strconv.FormatInt(c.ttlMS, 10),
-		strconv.FormatInt(c.ttlMS, 16), ownerTag(c.owner), uint32(uint64(c.adv)>>32), uint32(uint64(c.adv))).
-		Scan(&ok, &tok, &ist, &app, &set1, &set2, &set3, &holderApp, &hState, &holderIdle)
-	if err != nil {
+	args := []any{c.adv, int64(pid), strconv.FormatInt(c.ttlMS, 10),
+		strconv.FormatInt(c.ttlMS, 16), ownerTag(c.owner)}
+	tcp := needTCP(conn, c.ttlMS)
+	sql := l.sql.acquire[boolIndex(wait)][boolIndex(tcp)]
+	if tcp {
+		args = append(args, keepaliveIdle(c.ttlMS))
+	}
+	if err := conn.QueryRow(ctx, sql, args...).Scan(&ok, &tok, &ist, &app, &set); err != nil {
 		return nil, err
 	}
 	r := &acquireRow{}
@@ -182,23 +289,49 @@ func (l *Locker) run(ctx context.Context, conn *pgxpool.Conn, sql string, c *cal
 		if tok == nil || *tok <= 0 || ist == nil || app == nil {
 			return nil, errors.New("unexpected reply to the acquire statement")
 		}
+		if tcp {
+			tcpRaised(conn, c.ttlMS)
+		}
 		r.granted = true
 		r.token = uint64(*tok)
 		r.origIST, r.origApp = *ist, *app
-	default:
-		if holderApp != nil && hState != nil && holderIdle != nil {
-			if _, ttlMS, _, ok := parseAppName(*holderApp); ok {
-				rem := time.Duration(ttlMS) * time.Millisecond
-				if *hState == "idle" {
-					rem -= time.Duration(*holderIdle) * time.Millisecond
-				}
-				if rem > 0 {
-					r.remaining = rem
-				}
-			}
+	case !wait:
+		// Refused: how long the holder has left, if the server can tell
+		// (a failed look-up only leaves it unknown).
+		err := conn.QueryRow(ctx, l.sql.holder, uint32(uint64(c.adv)>>32), uint32(uint64(c.adv))).Scan(&held)
+		if err == nil && held != nil {
+			r.remaining = parseHolder(*held)
 		}
 	}
 	return r, nil
+}
+
+func boolIndex(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// parseHolder reads the holder column of the acquire statement,
+// "<state>/<idle ms>/<application_name>", into the holder's remaining TTL,
+// or 0 if unknown.
+func parseHolder(s string) time.Duration {
+	state, rest, ok1 := strings.Cut(s, "/")
+	idleS, app, ok2 := strings.Cut(rest, "/")
+	idle, err := strconv.ParseInt(idleS, 10, 64)
+	if !ok1 || !ok2 || err != nil {
+		return 0
+	}
+	_, ttlMS, _, ok := parseAppName(app)
+	if !ok {
+		return 0
+	}
+	rem := time.Duration(ttlMS) * time.Millisecond
+	if state == "idle" {
+		rem -= time.Duration(idle) * time.Millisecond
+	}
+	return max(rem, 0)
 }
 
 // tryOn runs the non-blocking acquire statement on conn. On a grant conn is
@@ -206,7 +339,7 @@ func (l *Locker) run(ctx context.Context, conn *pgxpool.Conn, sql string, c *cal
 // nothing in the statement changes the session unless the lock is granted)
 // or, after an error, is closed.
 func (l *Locker) tryOn(ctx context.Context, conn *pgxpool.Conn, c *call) (*hold, error) {
-	r, err := l.run(ctx, conn, l.sql.try, c)
+	r, err := l.run(ctx, conn, false, c)
 	if err != nil {
 		destroy(conn)
 		return nil, l.fail(ctx, "acquire", sqlError(err))
@@ -223,8 +356,9 @@ func (l *Locker) tryOn(ctx context.Context, conn *pgxpool.Conn, c *call) (*hold,
 }
 
 // waitOn runs the blocking acquire statement on conn; see AcquireWait. retry
-// reports that the wait was ended by the session's own lock_timeout or
-// statement_timeout and should be made again on a fresh connection.
+// reports that the wait should be made again on a fresh connection: it was
+// ended by the session's own lock_timeout or statement_timeout (err nil), or
+// its session was lost (err says how).
 func (l *Locker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call) (h *hold, retry bool, err error) {
 	// The statement runs under a context that ctx does not cancel: pgx's
 	// default reaction to cancellation is to close the socket, which leaves
@@ -246,7 +380,7 @@ func (l *Locker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call) (h *ho
 		// Do not reuse the connection before the wait has ended.
 		<-qctx.Done()
 	})
-	r, err := l.run(qctx, conn, l.sql.wait, c)
+	r, err := l.run(qctx, conn, true, c)
 	qcancel() // lets the AfterFunc return
 	if !stop() {
 		<-cancelDone
@@ -256,10 +390,14 @@ func (l *Locker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call) (h *ho
 		return nil, false, l.fail(ctx, "acquire", ctx.Err())
 	}
 	if err != nil {
+		lost := conn.Conn().IsClosed()
 		destroy(conn)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014") {
 			return nil, true, nil // lock_timeout or statement_timeout
+		}
+		if sessionKilled(err) || lost && !errors.As(err, &pgErr) {
+			return nil, true, err
 		}
 		return nil, false, l.fail(ctx, "acquire", sqlError(err))
 	}
@@ -272,6 +410,32 @@ func (l *Locker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call) (h *ho
 		return nil, false, errors.New("postgres: acquire: blocking lock not granted")
 	}
 	return &hold{owner: c.owner, token: r.token, conn: conn, origIST: r.origIST, origApp: r.origApp}, false, nil
+}
+
+// lostSession reports an error that means the session broke under the
+// statement, with no server error: the connection was closed or reset, or
+// the server went away.
+func lostSession(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return sessionKilled(err)
+	}
+	var opErr *net.OpError
+	return errors.As(err, &opErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err)
+}
+
+// sessionKilled reports a server error that ends the session from outside:
+// pg_terminate_backend, a crash of another backend, a shutdown.
+func sessionKilled(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "57P01", "57P02", "57P03": // admin_shutdown, crash_shutdown, cannot_connect_now
+		return true
+	}
+	return false
 }
 
 // Refresh resets the TTL of the lock owner holds through this Locker: one
@@ -316,7 +480,16 @@ func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 // driver.ErrNotHeld.
 func (l *Locker) refreshLocked(ctx context.Context, s *slot, c *call) error {
 	h := s.h
-	_, err := h.conn.Exec(ctx, l.sql.refresh, strconv.FormatInt(c.ttlMS, 10), appName(h.token, c.ttlMS, ownerTag(h.owner)))
+	ttl := strconv.FormatInt(c.ttlMS, 10)
+	app := appName(h.token, c.ttlMS, ownerTag(h.owner))
+	var err error
+	if needTCP(h.conn, c.ttlMS) {
+		if _, err = h.conn.Exec(ctx, l.sql.refreshTCP, ttl, app, keepaliveIdle(c.ttlMS)); err == nil {
+			tcpRaised(h.conn, c.ttlMS)
+		}
+	} else {
+		_, err = h.conn.Exec(ctx, l.sql.refresh, ttl, app)
+	}
 	if err == nil {
 		return nil
 	}
@@ -359,7 +532,7 @@ func (l *Locker) Release(ctx context.Context, key, owner string) error {
 	if h == nil || h.owner != owner {
 		return notHeld("release", key)
 	}
-	l.setHold(s, nil)
+	l.setHold(s, nil) // also ends the watch: our own unlock is no loss
 	var unlocked bool
 	var ist, app string
 	err = h.conn.QueryRow(ctx, l.sql.release, AdvisoryKey(l.ns, key), h.origIST, h.origApp).Scan(&unlocked, &ist, &app)

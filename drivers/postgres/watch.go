@@ -1,0 +1,126 @@
+package postgres
+
+import (
+	"fmt"
+
+	"github.com/go-locker/locker/driver"
+)
+
+// WatchHold implements driver.HoldWatcher: it watches the session pinned to
+// the grant of key to owner with token, and calls lost once that session
+// ends while the lock is held: the backend was terminated, the server
+// crashed, restarted or failed over, or the connection was reset or closed
+// by the server or anything in between. Such a session can never refresh
+// or release the lock again, and when its end comes from the server the
+// lock is already free on the server. The watch costs no traffic: the
+// pinned socket is registered with an epoll instance (one goroutine per
+// Locker) for the peer-closed, hang-up and error conditions only, so the
+// replies to Refresh and Release wake nothing. Release and Close end the
+// watch first, so they are never reported as a loss.
+//
+// Errors: driver.ErrNotHeld if this Locker does not hold key for owner with
+// token (any more); driver.ErrClosed; an error matching
+// errors.ErrUnsupported where the socket cannot be watched (outside Linux,
+// or a connection that is not a socket).
+func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (func(), error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, driver.ErrClosed
+	}
+	var h *hold
+	if s := l.slots[key]; s != nil {
+		h = s.cur
+	}
+	if h == nil || h.owner != owner || h.token != token || h.gone {
+		return nil, notHeld("watch", key)
+	}
+	if h.mon == nil {
+		if l.watcher == nil {
+			w, err := newSessionWatcher()
+			if err != nil {
+				return nil, err
+			}
+			l.watcher = w
+		}
+		mon, err := l.watcher.add(h.conn.Conn().PgConn().Conn(), func(err error) { l.sessionGone(h, err) })
+		if err != nil {
+			return nil, err
+		}
+		h.mon = mon
+		h.listeners = map[uint64]func(error){}
+	}
+	l.listeners++
+	id := l.listeners
+	h.listeners[id] = lost
+	return func() { l.unwatch(h, id) }, nil
+}
+
+// unwatch removes one listener; the socket watch ends with the last.
+func (l *Locker) unwatch(h *hold, id uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(h.listeners, id)
+	if len(h.listeners) == 0 {
+		h.unwatchLocked()
+	}
+}
+
+// unwatchLocked ends h's watch without a report; Locker.mu is held.
+func (h *hold) unwatchLocked() {
+	if h.mon != nil {
+		h.mon.remove()
+		h.mon = nil
+	}
+	h.listeners = nil
+}
+
+// reportGone marks h's session ended and tells its listeners, once. It
+// reports whether it did (false if h was no longer watched or already
+// reported).
+func (l *Locker) reportGone(h *hold, cause error) bool {
+	l.mu.Lock()
+	if h.gone || h.listeners == nil {
+		h.gone = true
+		l.mu.Unlock()
+		return false
+	}
+	h.gone = true
+	ls := h.listeners
+	h.unwatchLocked()
+	l.mu.Unlock()
+	err := fmt.Errorf("postgres: %q: %w: %w", h.key, driver.ErrNotHeld, cause)
+	for _, lost := range ls {
+		lost(err)
+	}
+	return true
+}
+
+// sessionGone is the watcher's report that h's socket closed: it tells the
+// listeners and then drops the hold and its connection.
+func (l *Locker) sessionGone(h *hold, cause error) {
+	if !l.reportGone(h, cause) {
+		return
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.ops.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.ops.Done()
+		s := l.peekSlot(h.key)
+		if s == nil {
+			return
+		}
+		defer l.putSlot(h.key, s)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.h == h {
+			l.setHold(s, nil)
+			destroy(h.conn)
+		}
+	}()
+}
