@@ -38,18 +38,18 @@ type suite struct {
 	h    Harness
 	unit time.Duration // the TTL most subtests use
 	caps driver.Capabilities
-	has  struct {
-		waiter, blocking, inspector, watcher, pinger bool
-		heldError                                    bool // Acquire of a held key returned a *HeldError with a Remaining
-	}
+	// has names the optional interfaces the driver implements, and
+	// "HeldError" when its Acquire of a held key reports the holder's
+	// remaining TTL.
+	has map[string]bool
 	sem chan struct{}
 }
 
 type subtest struct {
 	name string
 	fn   func(t *testing.T)
-	// needs names the optional interface the subtest checks; it is not
-	// run when the driver lacks it.
+	// needs names what the subtest checks beyond driver.Locker (see
+	// suite.has; "A|B" for either); it is not run when the driver lacks it.
 	needs string
 }
 
@@ -58,11 +58,13 @@ type subtest struct {
 func (s *suite) probe(t *testing.T) {
 	t.Helper()
 	d := s.open(t)
-	_, s.has.waiter = d.(driver.Waiter)
-	_, s.has.blocking = d.(driver.BlockingAcquirer)
-	_, s.has.inspector = d.(driver.Inspector)
-	_, s.has.watcher = d.(driver.HoldWatcher)
-	_, s.has.pinger = d.(driver.Pinger)
+	_, waiter := d.(driver.Waiter)
+	_, blocking := d.(driver.BlockingAcquirer)
+	_, inspector := d.(driver.Inspector)
+	_, watcher := d.(driver.HoldWatcher)
+	_, pinger := d.(driver.Pinger)
+	s.has = map[string]bool{"Waiter": waiter, "BlockingAcquirer": blocking, "Inspector": inspector,
+		"HoldWatcher": watcher, "Pinger": pinger}
 	if c, ok := d.(driver.Capable); ok {
 		s.caps = c.Capabilities()
 	}
@@ -73,52 +75,40 @@ func (s *suite) probe(t *testing.T) {
 	if _, err := d.Acquire(ctx, key, o, ttlFor(d, 10*s.unit)); err == nil {
 		_, err := d.Acquire(ctx, key, newOwner(), ttlFor(d, 10*s.unit))
 		var held *driver.HeldError
-		s.has.heldError = errors.As(err, &held) && held.Remaining > 0
+		s.has["HeldError"] = errors.As(err, &held) && held.Remaining > 0
 		_ = d.Release(ctx, key, o)
 	}
 	var missing []string
-	for _, m := range []struct {
-		name string
-		has  bool
-	}{{"Waiter", s.has.waiter}, {"BlockingAcquirer", s.has.blocking}, {"Inspector", s.has.inspector},
-		{"HoldWatcher", s.has.watcher}, {"Pinger", s.has.pinger}} {
-		if !m.has {
-			missing = append(missing, "driver."+m.name)
+	for _, name := range []string{"Waiter", "BlockingAcquirer", "Inspector", "HoldWatcher", "Pinger"} {
+		if !s.has[name] {
+			missing = append(missing, "driver."+name)
 		}
 	}
 	if len(missing) > 0 {
 		t.Logf("conformance: %T does not implement %s; their subtests are not run", d, strings.Join(missing, ", "))
 	}
-	if !s.has.heldError {
+	if !s.has["HeldError"] {
 		t.Logf("conformance: %T does not return a *driver.HeldError with the holder's remaining TTL; Driver/HeldError is not run", d)
 	}
-	if !s.has.waiter && !s.has.blocking {
+	if !waiter && !blocking {
 		t.Logf("conformance: %T has neither driver.Waiter nor driver.BlockingAcquirer: "+
 			"package locker waits for it by polling, and Locker/WokenByRelease is not run", d)
 	}
 	_ = d.Close()
 }
 
-func (s *suite) hasIface(name string) bool {
-	switch name {
-	case "":
+// hasAny reports whether the driver has any of the "|"-separated names in
+// needs (see suite.has); an empty needs is always met.
+func (s *suite) hasAny(needs string) bool {
+	if needs == "" {
 		return true
-	case "Waiter":
-		return s.has.waiter
-	case "BlockingAcquirer":
-		return s.has.blocking
-	case "Inspector":
-		return s.has.inspector
-	case "HoldWatcher":
-		return s.has.watcher
-	case "Pinger":
-		return s.has.pinger
-	case "HeldError":
-		return s.has.heldError
-	case "Waiter|BlockingAcquirer":
-		return s.has.waiter || s.has.blocking
 	}
-	panic("conformance: unknown interface " + name)
+	for name := range strings.SplitSeq(needs, "|") {
+		if s.has[name] {
+			return true
+		}
+	}
+	return false
 }
 
 // runAll runs the subtests side by side, at most concurrency at a time, in
@@ -127,7 +117,7 @@ func (s *suite) hasIface(name string) bool {
 func (s *suite) runAll(t *testing.T, subs []subtest) {
 	var wg sync.WaitGroup
 	for _, st := range subs {
-		if !s.hasIface(st.needs) {
+		if !s.hasAny(st.needs) {
 			continue
 		}
 		s.sem <- struct{}{}

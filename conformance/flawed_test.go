@@ -373,10 +373,7 @@ func (f *flawed) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 	s := f.st
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.live(key)
-	if f.is("refresh-revives-expired") {
-		r = s.locks[key] // expired or not
-	}
+	r := f.lookup(key, "refresh-revives-expired")
 	if r == nil && f.is("refresh-free-creates") {
 		r = &flawRec{owner: owner, token: s.counter + 1, by: f}
 		s.counter++
@@ -384,7 +381,7 @@ func (f *flawed) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 		s.locks[key] = r
 		return nil
 	}
-	if r == nil || !(f.sameOwner(r.owner, owner) || f.is("refresh-without-owner-check")) || (f.is("owner-bound-to-locker") && r.by != f) {
+	if !f.holds(r, owner, "refresh-without-owner-check") {
 		if r != nil && f.is("foreign-refresh-extends") {
 			s.arm(key, r, ttl)
 		}
@@ -407,6 +404,21 @@ func (f *flawed) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 	return nil
 }
 
+// lookup returns key's live record; with expiredFlaw on, an expired one
+// too. f.st.mu is held.
+func (f *flawed) lookup(key, expiredFlaw string) *flawRec {
+	if f.is(expiredFlaw) {
+		return f.st.locks[key]
+	}
+	return f.st.live(key)
+}
+
+// holds reports whether owner holds r (through f); with anyOwnerFlaw on,
+// whoever asks does.
+func (f *flawed) holds(r *flawRec, owner, anyOwnerFlaw string) bool {
+	return r != nil && (f.sameOwner(r.owner, owner) || f.is(anyOwnerFlaw)) && !(f.is("owner-bound-to-locker") && r.by != f)
+}
+
 func (f *flawed) notHeld() error {
 	if f.is("notheld-plain-error") {
 		return errors.New("flawed: not held")
@@ -425,11 +437,8 @@ func (f *flawed) Release(ctx context.Context, key, owner string) error {
 	s := f.st
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.live(key)
-	if f.is("release-expired-returns-nil") {
-		r = s.locks[key]
-	}
-	if r == nil || !(f.sameOwner(r.owner, owner) || f.is("release-without-owner-check")) || (f.is("owner-bound-to-locker") && r.by != f) {
+	r := f.lookup(key, "release-expired-returns-nil")
+	if !f.holds(r, owner, "release-without-owner-check") {
 		if r == nil && f.is("release-free-returns-nil") {
 			return nil
 		}
@@ -494,10 +503,7 @@ func (f *flawed) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	s := f.st
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.live(key)
-	if f.is("inspect-sees-expired") {
-		r = s.locks[key]
-	}
+	r := f.lookup(key, "inspect-sees-expired")
 	if r == nil {
 		if f.is("inspect-free-not-notheld") {
 			return driver.Info{}, nil
@@ -700,14 +706,3 @@ func (f *flawed) WatchHold(key, owner string, token uint64, lost func(error)) (f
 	}
 	return stop, nil
 }
-
-var (
-	_ interface {
-		driver.Waiter
-		driver.HoldWatcher
-		driver.Inspector
-		driver.Capable
-		driver.Pinger
-	} = (*flawed)(nil)
-	_ driver.BlockingAcquirer = flawedBlocking{}
-)
