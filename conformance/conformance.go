@@ -235,7 +235,7 @@ func within(t *testing.T, d time.Duration, what string, fn func()) {
 func (s *suite) mustBeHeld(t *testing.T, d driver.Locker, key string, why string) {
 	t.Helper()
 	o := newOwner()
-	_, err := d.Acquire(s.callCtx(t), key, o, ttlFor(d, 10*s.unit))
+	_, err := d.Acquire(s.callCtx(t), key, o, ttlFor(d, s.hold()))
 	if err == nil {
 		_ = d.Release(s.callCtx(t), key, o)
 		t.Fatalf("%s: another owner acquired %q, which should still be held", why, key)
@@ -250,7 +250,7 @@ func (s *suite) mustBeHeld(t *testing.T, d driver.Locker, key string, why string
 func (s *suite) mustBeFree(t *testing.T, d driver.Locker, key string, why string) string {
 	t.Helper()
 	o := newOwner()
-	if _, err := d.Acquire(s.callCtx(t), key, o, ttlFor(d, 10*s.unit)); err != nil {
+	if _, err := d.Acquire(s.callCtx(t), key, o, ttlFor(d, s.hold())); err != nil {
 		t.Fatalf("%s: Acquire of %q, which should be free, by another owner: %v", why, key, err)
 	}
 	return o

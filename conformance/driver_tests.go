@@ -53,7 +53,7 @@ func (s *suite) driverSubtests() []subtest {
 // once rather than waiting for the key); Release frees the key at once.
 func (s *suite) driverMutualExclusion(t *testing.T) {
 	a, b := s.open(t), s.open(t)
-	key, ttl := newKey(t), ttlFor(a, max(20*s.unit, 30*time.Second))
+	key, ttl := newKey(t), ttlFor(a, s.hold())
 	oa, ob := newOwner(), newOwner()
 	s.acquire(t, a, key, oa, ttl)
 	for _, c := range []struct {
@@ -255,7 +255,7 @@ func (s *suite) driverOwnership(t *testing.T) {
 // and Release succeed.
 func (s *suite) driverOwnerAcrossLockers(t *testing.T) {
 	a, b, c := s.open(t), s.open(t), s.open(t)
-	key, ttl := newKey(t), ttlFor(a, 10*s.unit)
+	key, ttl := newKey(t), ttlFor(a, s.hold())
 	o := newOwner()
 	g := s.acquire(t, a, key, o, ttl)
 	tok, err := b.Acquire(s.callCtx(t), key, o, ttl)
@@ -308,7 +308,7 @@ func (s *suite) driverRefreshDoesNotRevive(t *testing.T) {
 // the key stays free.
 func (s *suite) driverNotHeld(t *testing.T) {
 	a, b := s.open(t), s.open(t)
-	ttl := ttlFor(a, 10*s.unit)
+	ttl := ttlFor(a, s.hold())
 	never, released, o := newKey(t), newKey(t), newOwner()
 	s.acquire(t, a, released, o, ttl)
 	if err := a.Release(s.callCtx(t), released, o); err != nil {
@@ -444,7 +444,7 @@ func (s *suite) driverIdempotent(t *testing.T) {
 // lock as it was.
 func (s *suite) driverContext(t *testing.T) {
 	a, b := s.open(t), s.open(t)
-	key, ttl := newKey(t), ttlFor(a, 10*s.unit)
+	key, ttl := newKey(t), ttlFor(a, s.hold())
 	o := newOwner()
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -483,7 +483,7 @@ func (s *suite) driverContext(t *testing.T) {
 // Any non-empty string is a key, and keys never interfere.
 func (s *suite) driverKeys(t *testing.T) {
 	a, b := s.open(t), s.open(t)
-	ttl := ttlFor(a, 10*s.unit)
+	ttl := ttlFor(a, s.hold())
 	base := newKey(t)
 	keys := []string{
 		base + "/plain", base + "/Plain", base + "/plain ", base + "/plain/", base + "/" + strings.Repeat("x", 1000),
@@ -606,7 +606,7 @@ func (s *suite) driverClose(t *testing.T) {
 func (s *suite) driverErrors(t *testing.T) {
 	a, b := s.open(t), s.open(t)
 	ctx := s.callCtx(t)
-	key, ttl := newKey(t), ttlFor(a, 10*s.unit)
+	key, ttl := newKey(t), ttlFor(a, s.hold())
 	o := newOwner()
 	s.acquire(t, a, key, o, ttl)
 	var errs []error

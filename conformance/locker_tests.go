@@ -37,7 +37,7 @@ func (s *suite) lockerTryAcquire(t *testing.T) {
 	la, lb := s.locker(t), s.locker(t)
 	key := newKey(t)
 	ctx := s.callCtx(t)
-	lk, err := la.TryAcquire(ctx, key, locker.WithTTL(10*s.unit))
+	lk, err := la.TryAcquire(ctx, key, locker.WithTTL(s.hold()))
 	if err != nil {
 		t.Fatalf("TryAcquire of a free key: %v", err)
 	}
@@ -48,7 +48,7 @@ func (s *suite) lockerTryAcquire(t *testing.T) {
 	wantErr(t, "TryAcquire of a held key", err, locker.ErrNotAcquired)
 	_, err = la.TryAcquire(ctx, key)
 	wantErr(t, "TryAcquire of a key held through the same Locker", err, locker.ErrNotAcquired)
-	if err := lk.Refresh(ctx, 10*s.unit); err != nil {
+	if err := lk.Refresh(ctx, s.hold()); err != nil {
 		t.Fatalf("Refresh: %v", err)
 	}
 	if err := lk.Release(ctx); err != nil {
@@ -136,7 +136,7 @@ func (s *suite) lockerWokenByRelease(t *testing.T) {
 	t.Cleanup(func() { _ = lb.Close() })
 	key := newKey(t)
 	ctx := s.callCtx(t)
-	lk, err := la.Acquire(ctx, key, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+	lk, err := la.Acquire(ctx, key, locker.WithTTL(s.hold()))
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
@@ -333,7 +333,7 @@ func (s *suite) lockerRefreshAfterLoss(t *testing.T) {
 func (s *suite) lockerCancelledWait(t *testing.T) {
 	la, lb, lc := s.locker(t), s.locker(t), s.locker(t)
 	key := newKey(t)
-	lk, err := la.Acquire(s.callCtx(t), key, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+	lk, err := la.Acquire(s.callCtx(t), key, locker.WithTTL(s.hold()))
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
@@ -343,7 +343,7 @@ func (s *suite) lockerCancelledWait(t *testing.T) {
 	start := time.Now()
 	var werr error
 	within(t, wait+5*time.Second, "waiting Acquire with an expiring context", func() {
-		_, werr = lb.Acquire(ctx, key, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+		_, werr = lb.Acquire(ctx, key, locker.WithTTL(s.hold()))
 	})
 	wantErr(t, "waiting Acquire whose context expired", werr, context.DeadlineExceeded)
 	t.Logf("returned %v after the context's %v deadline", time.Since(start)-wait, wait)
@@ -352,7 +352,7 @@ func (s *suite) lockerCancelledWait(t *testing.T) {
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	time.AfterFunc(s.unit/2, cancel2)
 	within(t, s.unit+5*time.Second, "waiting Acquire with a cancelled context", func() {
-		_, werr = lb.Acquire(ctx2, key, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+		_, werr = lb.Acquire(ctx2, key, locker.WithTTL(s.hold()))
 	})
 	wantErr(t, "waiting Acquire whose context was cancelled", werr, context.Canceled)
 
@@ -440,11 +440,11 @@ func (s *suite) lockerContention(t *testing.T) {
 func (s *suite) lockerClose(t *testing.T) {
 	la, lb, lc := s.locker(t), s.locker(t), s.locker(t)
 	key, other := newKey(t), newKey(t)
-	lk, err := la.Acquire(s.callCtx(t), key, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+	lk, err := la.Acquire(s.callCtx(t), key, locker.WithTTL(s.hold()))
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	lo, err := lb.Acquire(s.callCtx(t), other, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+	lo, err := lb.Acquire(s.callCtx(t), other, locker.WithTTL(s.hold()))
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}

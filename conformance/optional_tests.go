@@ -59,7 +59,7 @@ func (s *suite) driverHeldError(t *testing.T) {
 func (s *suite) driverWaiter(t *testing.T) {
 	a, b := s.open(t), s.open(t)
 	w := b.(driver.Waiter)
-	key, ttl := newKey(t), ttlFor(a, max(20*s.unit, 30*time.Second))
+	key, ttl := newKey(t), ttlFor(a, s.hold())
 	cycle := func(wake <-chan struct{}, what string, lag time.Duration) {
 		t.Helper()
 		o := newOwner()
@@ -205,7 +205,7 @@ func (s *suite) driverBlocking(t *testing.T) {
 	short := waitGrant(ba, newKey(t), newOwner(), ttlFor(b, s.unit))
 	long := waitGrant(ba, newKey(t), newOwner(), ttlFor(b, s.long()))
 
-	key, ttl := newKey(t), ttlFor(a, max(20*s.unit, 30*time.Second))
+	key, ttl := newKey(t), ttlFor(a, s.hold())
 	oa := newOwner()
 	tokA := s.acquire(t, a, key, oa, ttl).token
 	var tok uint64

@@ -43,6 +43,10 @@ func (s *suite) long() time.Duration { return 2*s.unit + 2*late(s.unit) }
 // next call by a wide margin before that call makes it longer.
 func (s *suite) medium() time.Duration { return min(5*s.unit, s.long()/2) }
 
+// hold is a TTL no subtest outlives, for locks that must stay held while a
+// subtest makes its calls, however slow the machine.
+func (s *suite) hold() time.Duration { return max(20*s.unit, 30*time.Second) }
+
 // wakeBound bounds how long after a release or an expiry a waiter may be woken or
 // a blocked AcquireWait granted. Notifications take a round trip; the root's
 // fallback timer fires after 1.6s at the earliest, which this stays under.
