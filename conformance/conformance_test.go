@@ -2,218 +2,262 @@ package conformance_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/go-locker/locker/conformance"
 	"github.com/go-locker/locker/driver"
 )
 
-const flawEnv = "LOCKER_CONFORMANCE_FLAW"
+const (
+	flawEnv    = "LOCKER_CONFORMANCE_FLAW"
+	variantEnv = "LOCKER_CONFORMANCE_VARIANT"
+)
+
+// Variants of the flawed driver: with a BlockingAcquirer, package locker
+// waits through it and never through the Waiter, so the Waiter's effect on
+// package locker is checked on a driver without one.
+const (
+	blocking = "blocking" // every optional interface
+	waiter   = "waiter"   // every optional interface but BlockingAcquirer
+)
+
+// mutant is a flawed driver and the subtest that must fail it.
+type mutant struct{ flaw, failing, variant string }
+
+// mutants lists, for every row of the trace table in the package
+// documentation that names a subtest, a driver that breaks only that
+// sentence; TestTraceTable checks that the two agree.
+var mutants = []mutant{
+	{"acquire-waits", "Driver/MutualExclusion", blocking},
+	{"acquire-ignores-holder", "Driver/MutualExclusion", blocking},
+	{"held-plain-error", "Driver/MutualExclusion", blocking},
+	{"release-noop", "Driver/MutualExclusion", blocking},
+	{"check-then-set", "Driver/AtomicAcquire", blocking},
+	{"shared-scratch", "Driver/ConcurrentUse", blocking},
+	{"keys-case-insensitive", "Driver/Keys", blocking},
+	{"never-expires", "Driver/Expiry", blocking},
+	{"expires-before-margin", "Driver/Expiry", blocking},
+	{"acquire-fixed-ttl", "Driver/TTL", blocking},
+	{"min-ttl-not-honoured", "Driver/Capabilities", blocking},
+	{"honours-below-min", "Driver/Capabilities", blocking},
+	{"granularity-rounds-down", "Driver/Capabilities", blocking},
+	{"release-without-owner-check", "Driver/Ownership", blocking},
+	{"refresh-without-owner-check", "Driver/Ownership", blocking},
+	{"owner-prefix-compare", "Driver/Ownership", blocking},
+	{"foreign-refresh-extends", "Driver/Ownership", blocking},
+	{"owner-bound-to-locker", "Driver/OwnerAcrossLockers", blocking},
+	{"refresh-ignores-ttl", "Driver/RefreshTTL", blocking},
+	{"refresh-only-extends", "Driver/RefreshTTL", blocking},
+	{"refresh-revives-expired", "Driver/RefreshDoesNotRevive", blocking},
+	{"refresh-free-creates", "Driver/NotHeld", blocking},
+	{"release-free-returns-nil", "Driver/NotHeld", blocking},
+	{"notheld-plain-error", "Driver/NotHeld", blocking},
+	{"release-expired-returns-nil", "Driver/Expired", blocking},
+	{"inspect-sees-expired", "Driver/Expired", blocking},
+	{"reacquire-revives-expired", "Driver/Expired", blocking},
+	{"tokens-repeat-after-expiry", "Driver/Fencing", blocking},
+	{"tokens-per-locker", "Driver/Fencing", blocking},
+	{"tokens-reset-on-release", "Driver/Fencing", blocking},
+	{"idempotent-refused", "Driver/IdempotentAcquire", blocking},
+	{"idempotent-new-token", "Driver/IdempotentAcquire", blocking},
+	{"idempotent-keeps-ttl", "Driver/IdempotentAcquire", blocking},
+	{"idempotent-only-extends", "Driver/IdempotentAcquire", blocking},
+	{"ignores-context", "Driver/Context", blocking},
+	{"done-ctx-acquire-grants", "Driver/Context", blocking},
+	{"release-empty-key-not-invalid", "Driver/BadInput", blocking},
+	{"refresh-accepts-bad-ttl", "Driver/BadInput", blocking},
+	{"close-twice-errors", "Driver/Close", blocking},
+	{"closed-optional-calls-work", "Driver/Close", blocking},
+	{"close-keeps-renewing", "Driver/Close", blocking},
+	{"errors-prefixed-locker", "Driver/Errors", blocking},
+	{"helderror-full-ttl", "Driver/HeldError", blocking},
+	{"waiter-never-wakes", "Driver/Waiter", blocking},
+	{"subscribe-registers-late", "Driver/Waiter", blocking},
+	{"waiter-wakes-once", "Driver/Waiter", blocking},
+	{"waiter-wakes-late", "Driver/Waiter", blocking},
+	{"waiter-unbuffered", "Driver/Waiter", blocking},
+	{"waiter-cancel-noop", "Driver/Waiter", blocking},
+	{"subscribe-ignores-ctx", "Driver/Waiter", blocking},
+	{"waiter-no-expiry-wake", "Driver/WaiterExpiry", blocking},
+	{"blocking-grants-while-held", "Driver/BlockingAcquirer", blocking},
+	{"blocking-late", "Driver/BlockingAcquirer", blocking},
+	{"blocking-ignores-ttl", "Driver/BlockingAcquirer", blocking},
+	{"blocking-waits-for-self", "Driver/BlockingAcquirer", blocking},
+	{"blocking-ignores-ctx", "Driver/BlockingAcquirer", blocking},
+	{"blocking-stays-queued", "Driver/BlockingAcquirer", blocking},
+	{"blocking-no-expiry", "Driver/BlockingExpiry", blocking},
+	{"inspect-wrong-token", "Driver/Inspector", blocking},
+	{"inspect-free-not-notheld", "Driver/Inspector", blocking},
+	{"inspect-extends", "Driver/Inspector", blocking},
+	{"ping-fails", "Driver/Pinger", blocking},
+	{"watch-false-alarm", "Driver/HoldWatcher", blocking},
+	{"watch-alarm-on-own-change", "Driver/HoldWatcher", blocking},
+	{"watch-alarm-on-release", "Driver/HoldWatcher", blocking},
+	{"watch-stop-twice-panics", "Driver/HoldWatcher", blocking},
+	{"watch-early-alarm", "Driver/HoldWatcherExpiry", blocking},
+	{"watch-lost-twice", "Driver/HoldWatcherExpiry", blocking},
+	{"watch-lost-plain-error", "Driver/HoldWatcherExpiry", blocking},
+	{"watch-stop-waits-for-lost", "Driver/HoldWatcherExpiry", blocking},
+
+	// Package locker's promises, broken through the driver.
+	{"held-plain-error", "Locker/TryAcquire", blocking},
+	{"tokens-reset-on-release", "Locker/Fencing", blocking},
+	{"min-ttl-not-honoured", "Locker/TTL", blocking},
+	{"waiter-never-wakes", "Locker/WokenByRelease", waiter},
+	{"waiter-storm", "Locker/WokenByRelease", waiter},
+	{"blocking-late", "Locker/WokenByRelease", blocking},
+	{"expires-before-margin", "Locker/LostOnExpiry", blocking},
+	{"refresh-noop", "Locker/AutoRenew", blocking},
+	{"blocking-stays-queued", "Locker/CancelledWait", blocking},
+	{"acquire-ignores-holder", "Locker/Contention", blocking},
+	{"release-noop", "Locker/Close", blocking},
+}
 
 // TestSuiteCatchesBrokenDrivers runs the suite against drivers that each
-// break one guarantee, in a child process (a failing suite must fail its own
-// *testing.T), and checks that it fails them at the subtest that covers the
-// guarantee. The same driver without a flaw must pass: the suite has no false
+// break one sentence of the contract, in a child process (a failing suite
+// must fail its own *testing.T) that runs only the subtest the sentence
+// maps to, and checks that the subtest fails. The same driver without a
+// flaw, in both variants, must pass the whole suite: the suite has no false
 // positives on a correct driver.
 func TestSuiteCatchesBrokenDrivers(t *testing.T) {
 	if flaw := os.Getenv(flawEnv); flaw != "" {
-		st := newFlawStore()
+		st := newFlawStore(flaw)
+		blockingVariant := os.Getenv(variantEnv) != waiter
 		conformance.Run(t, conformance.Harness{
-			Open: func(context.Context) (driver.Locker, error) { return &flawed{flaw: flaw, st: st}, nil },
+			Open: func(context.Context) (driver.Locker, error) {
+				f := &flawed{st: st}
+				if blockingVariant {
+					return flawedBlocking{f}, nil
+				}
+				return f, nil
+			},
 		})
 		return
 	}
-	cases := []struct{ flaw, failing string }{
-		{"none", ""},
-		{"release-without-owner-check", "Driver/Ownership"},
-		{"refresh-revives-expired", "Driver/RefreshDoesNotRevive"},
-		{"check-then-set", "Driver/AtomicAcquire"},
-		{"tokens-repeat-after-expiry", "Driver/Fencing"},
-		{"never-expires", "Driver/Expiry"},
-		{"ignores-context", "Driver/Context"},
-	}
+	cases := append([]mutant{{"none", "", blocking}, {"none", "", waiter}}, mutants...)
+	// Child processes run side by side, a few at a time: each mostly waits
+	// for TTLs, and the correct driver's runs must stay free of timing
+	// noise.
+	sem := make(chan struct{}, 4)
+	var wg sync.WaitGroup
 	for _, c := range cases {
-		t.Run(c.flaw, func(t *testing.T) {
-			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestSuiteCatchesBrokenDrivers$", "-test.v", "-test.count=1",
-				"-test.timeout=10m")
-			cmd.Env = append(os.Environ(), flawEnv+"="+c.flaw)
-			out, err := cmd.CombinedOutput()
-			if c.failing == "" {
-				if err != nil {
-					t.Fatalf("the suite failed a driver without a flaw: %v\n%s", err, out)
-				}
-				return
-			}
-			if err == nil {
-				t.Fatalf("the suite passed a driver whose flaw is %q\n%s", c.flaw, out)
-			}
-			want := "--- FAIL: TestSuiteCatchesBrokenDrivers/" + c.failing + " "
-			if !strings.Contains(string(out), want) {
-				t.Fatalf("the suite failed flaw %q, but not at %s:\n%s", c.flaw, c.failing, out)
-			}
+		name := c.flaw + "/" + c.variant
+		if c.failing != "" {
+			name = c.flaw + "/" + c.failing
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			t.Run(name, func(t *testing.T) { runMutant(t, c) })
 		})
 	}
+	wg.Wait()
 }
 
-// flawStore is the "server" shared by every flawed Locker of one run.
-// Expired records stay in the map (so a reviving Refresh can find them) and
-// are treated as absent.
-type flawStore struct {
-	mu      sync.Mutex
-	locks   map[string]*flawRec
-	counter uint64
-	perKey  map[string]uint64
-}
-
-type flawRec struct {
-	owner   string
-	token   uint64
-	expires time.Time
-}
-
-func newFlawStore() *flawStore {
-	return &flawStore{locks: map[string]*flawRec{}, perKey: map[string]uint64{}}
-}
-
-func (s *flawStore) live(key string) *flawRec {
-	r := s.locks[key]
-	if r == nil || !time.Now().Before(r.expires) {
-		return nil
+func runMutant(t *testing.T, c mutant) {
+	run := "^TestSuiteCatchesBrokenDrivers$"
+	if c.failing != "" {
+		group, sub, _ := strings.Cut(c.failing, "/")
+		run += "/^" + group + "$/^" + sub + "$"
 	}
-	return r
+	cmd := exec.Command(os.Args[0], "-test.run="+run, "-test.v", "-test.count=1", "-test.timeout=10m")
+	cmd.Env = append(os.Environ(), flawEnv+"="+c.flaw, variantEnv+"="+c.variant)
+	out, err := cmd.CombinedOutput()
+	if c.failing == "" {
+		if err != nil {
+			t.Fatalf("the suite failed the %s driver without a flaw: %v\n%s", c.variant, err, out)
+		}
+		return
+	}
+	if err == nil {
+		t.Fatalf("%s passed a driver whose flaw is %q\n%s", c.failing, c.flaw, out)
+	}
+	want := "--- FAIL: TestSuiteCatchesBrokenDrivers/" + c.failing + " "
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("the suite failed flaw %q, but not at %s:\n%s", c.flaw, c.failing, out)
+	}
 }
 
-// flawed is a small correct driver with one deliberate flaw, named by flaw.
-type flawed struct {
-	flaw   string
-	st     *flawStore
-	mu     sync.Mutex
-	closed bool
-}
-
-func (f *flawed) check(ctx context.Context, key string, ttl time.Duration, needTTL bool) error {
-	if f.flaw != "ignores-context" {
-		if err := ctx.Err(); err != nil {
-			return err
+// TestTraceTable checks the trace table in the package documentation
+// against the mutants: every row that names a subtest names its mutants,
+// each of which is in the list above with that subtest, and every mutant
+// serves a row.
+func TestTraceTable(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := tableRows(string(src))
+	if len(rows) == 0 {
+		t.Fatal("no rows found in doc.go's trace table")
+	}
+	rowRe := regexp.MustCompile(`→ ((?:Driver|Locker)/\w+)\b`)
+	mutRe := regexp.MustCompile(`; mutants?: ([a-z0-9-]+(?:, [a-z0-9-]+)*)`)
+	used := map[mutant]bool{}
+	checked, noMutant, reasons, refs := 0, 0, 0, 0
+	for _, row := range rows {
+		sub := rowRe.FindStringSubmatch(row)
+		if sub == nil {
+			switch {
+			case strings.Contains(row, "→ not checked: "):
+				reasons++
+			case strings.Contains(row, "→ see "):
+				refs++
+			default:
+				t.Errorf("row names neither a subtest, nor the rows that cover it, nor why it is not checked: %s", row)
+			}
+			continue
+		}
+		checked++
+		m := mutRe.FindStringSubmatch(row)
+		if m == nil && strings.Contains(row, "; no driver mutant: ") {
+			noMutant++
+			continue
+		}
+		if m == nil {
+			t.Errorf("row names subtest %s but no mutant: %s", sub[1], row)
+			continue
+		}
+		for _, flaw := range strings.Split(m[1], ", ") {
+			i := slices.IndexFunc(mutants, func(c mutant) bool { return c.flaw == flaw && c.failing == sub[1] })
+			if i < 0 {
+				t.Errorf("row's mutant %q failing at %s is not in the mutants list: %s", flaw, sub[1], row)
+				continue
+			}
+			used[mutants[i]] = true
 		}
 	}
-	f.mu.Lock()
-	closed := f.closed
-	f.mu.Unlock()
-	switch {
-	case closed:
-		return driver.ErrClosed
-	case key == "":
-		return fmt.Errorf("%w: empty key", driver.ErrInvalid)
-	case needTTL && ttl <= 0:
-		return fmt.Errorf("%w: ttl %v", driver.ErrInvalid, ttl)
-	}
-	return nil
-}
-
-func (f *flawed) expiry(ttl time.Duration) time.Time {
-	if f.flaw == "never-expires" {
-		return time.Now().Add(24 * time.Hour)
-	}
-	return time.Now().Add(ttl)
-}
-
-func (f *flawed) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	if err := f.check(ctx, key, ttl, true); err != nil {
-		return 0, err
-	}
-	s := f.st
-	s.mu.Lock()
-	if r := s.live(key); r != nil {
-		defer s.mu.Unlock()
-		if r.owner != owner {
-			return 0, &driver.HeldError{Remaining: time.Until(r.expires)}
+	for _, c := range mutants {
+		if !used[c] {
+			t.Errorf("mutant %q (%s) serves no row of the trace table", c.flaw, c.failing)
 		}
-		r.expires = f.expiry(ttl)
-		return r.token, nil
 	}
-	if f.flaw == "check-then-set" {
-		// The classic GET-then-SET: the key looked free; set it without
-		// checking again.
-		s.mu.Unlock()
-		time.Sleep(200 * time.Microsecond)
-		s.mu.Lock()
-	}
-	defer s.mu.Unlock()
-	var tok uint64
-	if f.flaw == "tokens-repeat-after-expiry" {
-		// A per-key counter that is lost when the lock expires, like a
-		// counter key with the lock's TTL and no floor.
-		if old := s.locks[key]; old != nil && !time.Now().Before(old.expires) {
-			s.perKey[key] = 0
+	t.Logf("trace table: %d rows: %d name a subtest (%d of them with no driver mutant, which says why), "+
+		"%d point to other rows, %d say why they are not checked; %d mutants", len(rows), checked, noMutant, refs, reasons, len(mutants))
+}
+
+// tableRows returns the rows of the trace table: the list items of doc.go
+// that start with a row id in brackets, continuation lines joined.
+func tableRows(src string) []string {
+	var rows []string
+	in := false
+	for _, line := range strings.Split(src, "\n") {
+		text := strings.TrimPrefix(line, "//")
+		switch {
+		case strings.HasPrefix(text, "   - ["):
+			rows = append(rows, strings.TrimSpace(strings.TrimPrefix(text, "   - ")))
+			in = true
+		case in && strings.HasPrefix(text, "     ") && strings.TrimSpace(text) != "":
+			rows[len(rows)-1] += " " + strings.TrimSpace(text)
+		default:
+			in = false
 		}
-		s.perKey[key]++
-		tok = s.perKey[key]
-	} else {
-		s.counter++
-		tok = s.counter
 	}
-	s.locks[key] = &flawRec{owner: owner, token: tok, expires: f.expiry(ttl)}
-	return tok, nil
-}
-
-func (f *flawed) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	if err := f.check(ctx, key, ttl, true); err != nil {
-		return err
-	}
-	s := f.st
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.live(key)
-	if f.flaw == "refresh-revives-expired" {
-		r = s.locks[key] // expired or not
-	}
-	if r == nil || r.owner != owner {
-		return driver.ErrNotHeld
-	}
-	r.expires = f.expiry(ttl)
-	return nil
-}
-
-func (f *flawed) Release(ctx context.Context, key, owner string) error {
-	if err := f.check(ctx, key, 0, false); err != nil {
-		return err
-	}
-	s := f.st
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.live(key)
-	if r == nil || (r.owner != owner && f.flaw != "release-without-owner-check") {
-		return driver.ErrNotHeld
-	}
-	delete(s.locks, key)
-	return nil
-}
-
-func (f *flawed) Inspect(ctx context.Context, key string) (driver.Info, error) {
-	if err := f.check(ctx, key, 0, false); err != nil {
-		return driver.Info{}, err
-	}
-	s := f.st
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.live(key)
-	if r == nil {
-		return driver.Info{}, driver.ErrNotHeld
-	}
-	return driver.Info{Owner: r.owner, Token: r.token, Remaining: time.Until(r.expires)}, nil
-}
-
-func (f *flawed) Close() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.closed = true
-	return nil
+	return rows
 }

@@ -11,9 +11,11 @@ import (
 type Harness struct {
 	// Open returns a fresh driver.Locker on the backend under test. Each
 	// call stands for a separate process: the suite opens several and makes
-	// them contend. Run closes every Locker it opens.
+	// them contend. It is called from several goroutines at once (subtests
+	// run side by side). Run closes every Locker it opens.
 	Open func(ctx context.Context) (driver.Locker, error)
 	// MinTTL is the shortest TTL the backend honours; the suite scales its
-	// timings to it. Zero means 100ms.
+	// timings to it (its unit TTL is MinTTL, at least 100ms). Zero means
+	// 100ms.
 	MinTTL time.Duration
 }

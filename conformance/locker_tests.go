@@ -12,13 +12,32 @@ import (
 	"github.com/go-locker/locker"
 )
 
+// lockerSubtests lists the checks of package locker over the driver, the
+// CPU-heavy one first.
+func (s *suite) lockerSubtests() []subtest {
+	return []subtest{
+		{name: "Contention", fn: s.lockerContention},
+		{name: "TryAcquire", fn: s.lockerTryAcquire},
+		{name: "Fencing", fn: s.lockerFencing},
+		{name: "BadInput", fn: s.lockerBadInput},
+		{name: "TTL", fn: s.lockerTTL},
+		{name: "WokenByRelease", fn: s.lockerWokenByRelease, needs: "Waiter|BlockingAcquirer"},
+		{name: "LostOnExpiry", fn: s.lockerLostOnExpiry},
+		{name: "DoCancelledOnLoss", fn: s.lockerDoCancelledOnLoss},
+		{name: "AutoRenew", fn: s.lockerAutoRenew},
+		{name: "RefreshAfterLoss", fn: s.lockerRefreshAfterLoss},
+		{name: "CancelledWait", fn: s.lockerCancelledWait},
+		{name: "Close", fn: s.lockerClose},
+	}
+}
+
 // The locker layer over the driver: TryAcquire, Release, ErrNotAcquired and
 // ErrNotHeld through locker.New.
 func (s *suite) lockerTryAcquire(t *testing.T) {
 	la, lb := s.locker(t), s.locker(t)
 	key := newKey(t)
 	ctx := s.callCtx(t)
-	lk, err := la.TryAcquire(ctx, key, locker.WithTTL(10*s.unit))
+	lk, err := la.TryAcquire(ctx, key, locker.WithTTL(s.hold()))
 	if err != nil {
 		t.Fatalf("TryAcquire of a free key: %v", err)
 	}
@@ -29,7 +48,7 @@ func (s *suite) lockerTryAcquire(t *testing.T) {
 	wantErr(t, "TryAcquire of a held key", err, locker.ErrNotAcquired)
 	_, err = la.TryAcquire(ctx, key)
 	wantErr(t, "TryAcquire of a key held through the same Locker", err, locker.ErrNotAcquired)
-	if err := lk.Refresh(ctx, 10*s.unit); err != nil {
+	if err := lk.Refresh(ctx, s.hold()); err != nil {
 		t.Fatalf("Refresh: %v", err)
 	}
 	if err := lk.Release(ctx); err != nil {
@@ -104,10 +123,12 @@ func (s *suite) lockerBadInput(t *testing.T) {
 	_ = lk.Release(ctx)
 }
 
-// A waiting Acquire is woken by the holder's release, not by a poll
-// interval or the holder's TTL: while the holder keeps the key, the waiter
-// makes only a handful of attempts, and it takes over promptly after the
-// release. Run only for drivers with a Waiter or a BlockingAcquirer.
+// A waiting Acquire is woken by the holder's release, not by a poll: the
+// waiter settles (no attempt starts or ends for a while, at most 4 attempts
+// in all) and is then released right away, well before any fallback timer
+// of package locker could fire (1.6s at the earliest after its last
+// attempt), so only a wake-up caused by the release hands over within
+// wakeBound. Run only for drivers with a Waiter or a BlockingAcquirer.
 func (s *suite) lockerWokenByRelease(t *testing.T) {
 	la := s.locker(t)
 	wd, calls := count(s.open(t))
@@ -115,7 +136,7 @@ func (s *suite) lockerWokenByRelease(t *testing.T) {
 	t.Cleanup(func() { _ = lb.Close() })
 	key := newKey(t)
 	ctx := s.callCtx(t)
-	lk, err := la.Acquire(ctx, key, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+	lk, err := la.Acquire(ctx, key, locker.WithTTL(s.hold()))
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
@@ -129,57 +150,99 @@ func (s *suite) lockerWokenByRelease(t *testing.T) {
 		lk, err := lb.Acquire(ctx, key, locker.WithTTL(10*s.unit))
 		got <- res{lk, err, time.Now()}
 	}()
-	const hold = 1500 * time.Millisecond
-	select {
-	case r := <-got:
-		t.Fatalf("Acquire of a held key returned (%v) before the release", r.err)
-	case <-time.After(hold):
-	}
-	// A waiter that polls makes many attempts in this time; one that is
-	// woken makes one or two (and perhaps a fallback check).
-	if n := calls.acquires.Load(); n > 4 {
-		t.Fatalf("the waiter made %d acquire attempts in %v while the key was held: it polls", n, hold)
+	const quiet, hold, maxAttempts = 100 * time.Millisecond, 1500 * time.Millisecond, 4
+	limit := time.Now().Add(hold)
+	for {
+		n, last := calls.state()
+		if n > maxAttempts {
+			t.Fatalf("the waiter made %d acquire attempts while the key was held: it polls", n)
+		}
+		if n > 0 && time.Since(last) >= quiet {
+			break
+		}
+		if time.Now().After(limit) {
+			t.Fatalf("the waiter kept making acquire attempts for %v while the key was held (%d so far): it polls", hold, n)
+		}
+		select {
+		case r := <-got:
+			t.Fatalf("Acquire of a held key returned (%v) before the release", r.err)
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 	released := time.Now()
 	if err := lk.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	const bound = time.Second
 	select {
 	case r := <-got:
 		if r.err != nil {
 			t.Fatalf("waiting Acquire: %v", r.err)
 		}
-		t.Logf("handoff %v after the release, %d attempts", r.at.Sub(released), calls.acquires.Load())
-		if d := r.at.Sub(released); d > bound {
-			t.Fatalf("waiter took over %v after the release; a waiter woken by the release takes well under %v", d, bound)
-		}
+		notBefore(t, "the waiter was granted the key", r.at, released)
+		n, _ := calls.state()
+		t.Logf("handoff %v after the release, %d attempts", r.at.Sub(released), n)
 		_ = r.lk.Release(ctx)
-	case <-time.After(bound):
-		t.Fatalf("waiter not woken within %v of the release", bound)
+	case <-time.After(wakeBound):
+		t.Fatalf("waiter not handed the key within %v of the release: the release did not wake it "+
+			"(package locker's fallback timer fires 1.6s after the waiter's last attempt at the earliest)", wakeBound)
 	}
 }
 
-// With renewal off, Lost closes once the TTL (less the drift allowance) has
-// passed, and it is already closed when another owner's Acquire of the key
-// returns.
+// With renewal off, the lock's safe deadline is the start of the acquire
+// plus the TTL minus the driver's margin; Lost closes at that deadline, not
+// before; and no other owner is granted the key before it.
 func (s *suite) lockerLostOnExpiry(t *testing.T) {
 	la := s.locker(t)
 	b := s.open(t)
 	key := newKey(t)
-	ttl := max(s.unit, 2*time.Second)
-	lk, err := la.TryAcquire(s.callCtx(t), key, locker.WithTTL(ttl), locker.WithAutoRenew(false))
+	sent := time.Now()
+	lk, err := la.TryAcquire(s.callCtx(t), key, locker.WithTTL(max(s.unit, 2*time.Second)), locker.WithAutoRenew(false))
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	ttl = lk.TTL()
-	_, _, at := s.waitFree(t, b, key, ttlFor(b, 10*s.unit), s.expiryBound(ttl), "lost on expiry")
+	g := grant{key: key, token: lk.Token(), sent: sent, returned: time.Now(), ttl: lk.TTL()}
+	m := s.margin(g.ttl)
+	dl := lk.Deadline()
+	if dl.Before(g.sent.Add(g.ttl-m)) || dl.After(g.returned.Add(g.ttl-m)) {
+		t.Fatalf("Deadline() is %v after the acquire was sent; want the TTL %v minus the margin %v, from between the call's start and end (%v)",
+			dl.Sub(g.sent), g.ttl, m, g.returned.Sub(g.sent))
+	}
+	lostAt := make(chan time.Time, 1)
+	go func() {
+		<-lk.Lost()
+		lostAt <- time.Now()
+	}()
+	p := s.expectExpiry(t, b, expiry{g: g, what: "lost on expiry"})[0]
+	if p.at.Before(dl) {
+		t.Fatalf("another owner was granted the key %v before the holder's safe deadline", dl.Sub(p.at))
+	}
 	select {
-	case <-lk.Lost():
-	default:
-		t.Fatalf("another owner acquired the key (at %v) before the holder's Lost closed", at)
+	case at := <-lostAt:
+		notBefore(t, "Lost closed", at, dl)
+	case <-time.After(wakeBound):
+		t.Fatalf("Lost not closed %v after the safe deadline", time.Since(dl))
 	}
 	wantErr(t, "Release after Lost", lk.Release(s.callCtx(t)), locker.ErrNotHeld)
+}
+
+// Package locker rounds a TTL as the driver's capabilities say, and the
+// lock lives for the rounded TTL.
+func (s *suite) lockerTTL(t *testing.T) {
+	l := s.locker(t)
+	b := s.open(t)
+	for _, req := range []time.Duration{time.Millisecond, s.unit + time.Millisecond} {
+		key := newKey(t)
+		sent := time.Now()
+		lk, err := l.TryAcquire(s.callCtx(t), key, locker.WithTTL(req), locker.WithAutoRenew(false))
+		if err != nil {
+			t.Fatalf("TryAcquire with TTL %v: %v", req, err)
+		}
+		g := grant{key: key, sent: sent, returned: time.Now(), ttl: lk.TTL()}
+		if want := s.caps.RoundTTL(req); g.ttl != want {
+			t.Fatalf("TryAcquire with TTL %v: Lock.TTL() = %v, want %v (the driver's capabilities: %+v)", req, g.ttl, want, s.caps)
+		}
+		s.expectExpiry(t, b, expiry{g: g, what: "a lock with TTL " + fmtDur(req) + " rounded to " + fmtDur(g.ttl)})
+	}
 }
 
 // Do's context is cancelled when the lock is lost, Do reports ErrNotHeld,
@@ -194,7 +257,7 @@ func (s *suite) lockerDoCancelledOnLoss(t *testing.T) {
 		case <-ctx.Done():
 			cause = context.Cause(ctx)
 			return nil
-		case <-time.After(s.expiryBound(ttl) + 5*time.Second):
+		case <-time.After(ttl + late(ttl) + wakeBound):
 			return errors.New("fn's context was not cancelled although the lock expired")
 		}
 	}, locker.WithTTL(ttl), locker.WithAutoRenew(false))
@@ -233,7 +296,7 @@ func (s *suite) lockerAutoRenew(t *testing.T) {
 	}
 	end := time.Now().Add(3*lk.TTL() + lk.TTL()/2)
 	for time.Now().Before(end) {
-		s.mustBeHeld(t, b, key, ttlFor(b, s.unit), "during auto-renewal")
+		s.mustBeHeld(t, b, key, "during auto-renewal")
 		select {
 		case <-lk.Lost():
 			t.Fatalf("Lost closed during auto-renewal: %v", lk.Release(s.callCtx(t)))
@@ -250,11 +313,13 @@ func (s *suite) lockerRefreshAfterLoss(t *testing.T) {
 	la := s.locker(t)
 	b := s.open(t)
 	key := newKey(t)
+	sent := time.Now()
 	lk, err := la.Acquire(s.callCtx(t), key, locker.WithTTL(s.unit), locker.WithAutoRenew(false))
+	ret := time.Now()
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	s.waitFree(t, b, key, ttlFor(b, 10*s.unit), s.expiryBound(lk.TTL()), "refresh after loss")
+	s.expectExpiry(t, b, expiry{g: grant{key: key, sent: sent, returned: ret, ttl: lk.TTL()}, what: "refresh after loss"})
 	wantErr(t, "Refresh of a lock taken over by another owner", lk.Refresh(s.callCtx(t), s.unit), locker.ErrNotHeld)
 	select {
 	case <-lk.Lost():
@@ -268,7 +333,7 @@ func (s *suite) lockerRefreshAfterLoss(t *testing.T) {
 func (s *suite) lockerCancelledWait(t *testing.T) {
 	la, lb, lc := s.locker(t), s.locker(t), s.locker(t)
 	key := newKey(t)
-	lk, err := la.Acquire(s.callCtx(t), key, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+	lk, err := la.Acquire(s.callCtx(t), key, locker.WithTTL(s.hold()))
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
@@ -278,7 +343,7 @@ func (s *suite) lockerCancelledWait(t *testing.T) {
 	start := time.Now()
 	var werr error
 	within(t, wait+5*time.Second, "waiting Acquire with an expiring context", func() {
-		_, werr = lb.Acquire(ctx, key, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+		_, werr = lb.Acquire(ctx, key, locker.WithTTL(s.hold()))
 	})
 	wantErr(t, "waiting Acquire whose context expired", werr, context.DeadlineExceeded)
 	t.Logf("returned %v after the context's %v deadline", time.Since(start)-wait, wait)
@@ -287,15 +352,18 @@ func (s *suite) lockerCancelledWait(t *testing.T) {
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	time.AfterFunc(s.unit/2, cancel2)
 	within(t, s.unit+5*time.Second, "waiting Acquire with a cancelled context", func() {
-		_, werr = lb.Acquire(ctx2, key, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+		_, werr = lb.Acquire(ctx2, key, locker.WithTTL(s.hold()))
 	})
 	wantErr(t, "waiting Acquire whose context was cancelled", werr, context.Canceled)
 
 	if err := lk.Release(s.callCtx(t)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	// The cancelled waiters hold nothing: a third locker gets the key well
-	// before their 30s TTL could have run out.
+	// The cancelled waiters hold nothing and wait for nothing: a waiter
+	// still queued would take the key as it is released, so nobody races it
+	// for a moment; then a third locker gets the key well before such a
+	// waiter's 30s TTL could have run out.
+	time.Sleep(wakeBound / 4)
 	waitFor(t, 10*time.Second, "the key to be free after the cancelled waits", func() bool {
 		lk, err := lc.TryAcquire(s.callCtx(t), key, locker.WithTTL(s.unit))
 		if err == nil {
@@ -372,11 +440,11 @@ func (s *suite) lockerContention(t *testing.T) {
 func (s *suite) lockerClose(t *testing.T) {
 	la, lb, lc := s.locker(t), s.locker(t), s.locker(t)
 	key, other := newKey(t), newKey(t)
-	lk, err := la.Acquire(s.callCtx(t), key, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+	lk, err := la.Acquire(s.callCtx(t), key, locker.WithTTL(s.hold()))
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	lo, err := lb.Acquire(s.callCtx(t), other, locker.WithTTL(max(20*s.unit, 30*time.Second)))
+	lo, err := lb.Acquire(s.callCtx(t), other, locker.WithTTL(s.hold()))
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}

@@ -43,7 +43,19 @@ type Driver interface {
 //
 // The owner strings passed in are chosen by package locker (random 128-bit
 // values unless the user sets one); the backend stores them with the lock and
-// compares them on Refresh and Release.
+// compares them on Refresh and Release. The owner, not the Locker, holds a
+// lock: the same owner string through another Locker on the same backend is
+// the holder (package locker's WithOwner hands a lock over between
+// processes that way), and an owner string that differs in any byte is not.
+//
+// A key is any non-empty string, and distinct keys never interfere. Every
+// method that takes a key returns an error wrapping ErrInvalid for an empty
+// one, and every method that takes a ttl for a non-positive one; such a call
+// changes nothing. A driver may also reject keys longer than a limit it
+// documents.
+//
+// Every method returns promptly once ctx is done, with an error wrapping
+// ctx.Err(); a call whose ctx is already done changes nothing.
 type Locker interface {
 	// Acquire makes one atomic attempt to take key for owner for ttl. It
 	// returns a fencing token, or ErrNotAcquired if another owner holds key
@@ -52,12 +64,22 @@ type Locker interface {
 	// it succeeds, resets the ttl and returns the same token, so a retry
 	// after a lost reply is safe.
 	//
+	// The lock then lives for ttl, counted from the call: the server frees
+	// it no earlier than ttl, less Capabilities.Margin(ttl), after the call
+	// was sent, and soon after ttl has passed (the conformance suite allows
+	// ttl/4 + 750ms, for servers that expire on a timer). A ttl the backend
+	// cannot keep exactly is rounded up as Capabilities.RoundTTL says, never
+	// down.
+	//
 	// The token is strictly greater than the token of every earlier grant of
-	// key: across release, expiry and re-acquire.
+	// key: across release, expiry and re-acquire. An Acquire by the former
+	// owner of an expired lock is such a new grant, not the old one revived.
 	Acquire(ctx context.Context, key, owner string, ttl time.Duration) (token uint64, err error)
 
 	// Refresh resets the ttl of a lock owner holds, or returns ErrNotHeld and
-	// changes nothing. An expired lock is not revived.
+	// changes nothing. The new ttl counts from the call and replaces the one
+	// in force, whether it is longer or shorter. An expired lock is not
+	// revived.
 	Refresh(ctx context.Context, key, owner string, ttl time.Duration) error
 
 	// Release frees a lock owner holds, or returns ErrNotHeld and changes
@@ -65,8 +87,12 @@ type Locker interface {
 	Release(ctx context.Context, key, owner string) error
 
 	// Close releases the Locker's resources. It is idempotent; calls after
-	// Close return ErrClosed. Locks still held on the server are left to
-	// expire (package locker releases its own locks before calling Close).
+	// Close, of every method of every interface the Locker implements,
+	// return ErrClosed. Locks still held on the server are left to expire:
+	// nothing renews them after Close, so they end by their TTL at the
+	// latest (a driver whose locks live in a session, such as PostgreSQL's
+	// advisory locks, may end them at once). Package locker releases its
+	// own locks before calling Close.
 	Close() error
 }
 
@@ -96,8 +122,9 @@ var (
 // backend learned, in the same round trip, how long that owner's lock has
 // left. It wraps ErrNotAcquired.
 type HeldError struct {
-	// Remaining is the holder's remaining TTL as the server saw it; zero or
-	// negative if unknown.
+	// Remaining is the holder's remaining TTL as the server saw it: it
+	// counts down from the TTL the holder last set. Zero or negative if
+	// unknown.
 	Remaining time.Duration
 }
 
@@ -168,7 +195,8 @@ type Info struct {
 	Owner string
 	// Token is the fencing token of the current grant.
 	Token uint64
-	// Remaining is the TTL the lock has left, as the server sees it.
+	// Remaining is the TTL the lock has left, as the server sees it: it
+	// counts down from the TTL the holder last set.
 	Remaining time.Duration
 }
 
@@ -184,7 +212,8 @@ type Inspector interface {
 // the server.
 type Capabilities struct {
 	// MinTTL is the shortest TTL the backend honours. Package locker rounds
-	// shorter TTLs up to it.
+	// shorter TTLs up to it; a driver handed a shorter one rounds it up the
+	// same way or rejects it with ErrInvalid.
 	MinTTL time.Duration
 	// TTLGranularity is the unit TTLs are rounded up to (etcd: a second).
 	// Zero means the backend keeps any duration.
@@ -196,7 +225,9 @@ type Capabilities struct {
 	// its safe deadline and the server's expiry: ttl×DriftFactor +
 	// DriftFixed (Redlock: its drift_factor and 2ms). Package locker uses
 	// Margin, never less than its own default; zero values leave the
-	// default in force.
+	// default in force. Whatever it declares, a driver's server never frees
+	// a lock earlier than ttl − Margin(ttl) after the call that set its ttl
+	// was sent.
 	DriftFactor float64
 	DriftFixed  time.Duration
 }
@@ -224,7 +255,8 @@ type Capable interface {
 
 // Pinger is implemented by a Locker that can check it reaches its server.
 type Pinger interface {
-	// Ping makes one round trip to the server.
+	// Ping makes one round trip to the server; it returns nil when the
+	// server answered.
 	Ping(ctx context.Context) error
 }
 

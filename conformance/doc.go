@@ -1,0 +1,299 @@
+// Package conformance is the test suite every locker driver runs against
+// itself, ours and third parties' alike, in the manner of testing/fstest:
+//
+//	func TestConformance(t *testing.T) {
+//		conformance.Run(t, conformance.Harness{
+//			Open: func(ctx context.Context) (driver.Locker, error) {
+//				return mydriver.Open(ctx, serverURL)
+//			},
+//			MinTTL: 100 * time.Millisecond,
+//		})
+//	}
+//
+// Run checks every sentence of package driver's contract that a driver can
+// break and the suite can observe, through the raw driver.Locker (subtests
+// "Driver/…") and through locker.New (subtests "Locker/…", for the promises
+// package locker makes on top of the driver). The trace below lists each
+// sentence, the subtest that fails when a driver breaks only that sentence,
+// and the deliberately broken drivers (mutants) that
+// TestSuiteCatchesBrokenDrivers runs to prove it: each mutant is one correct
+// driver with one fault switched on, and must fail at that subtest, while
+// the correct driver passes the whole suite.
+//
+// Subtest names are stable, so a failure can be rerun with -run. Every
+// subtest uses fresh keys and runs under a watchdog: a driver that hangs
+// fails with a message naming the subtest instead of hanging the test
+// binary, and a driver that panics fails the subtest. Subtests run side by
+// side (8 at a time): most of them wait for TTLs to run out. The subtests
+// of an optional interface the driver lacks are not run, and Run says so.
+//
+// Timing checks fail only on proof. A call that sets a lock's TTL was sent
+// at one moment and returned at a later one; the server may free the lock
+// no earlier than the first plus the TTL less the driver's margin
+// (driver.Capabilities.Margin), and must have freed it by the second plus
+// the TTL plus TTL/4 + 750ms. A probe that takes the key too early, or
+// that is sent too late and finds it held, is proof; a slow machine only
+// delays probes, which can hide a violation but never invent one. The
+// suite uses two TTLs, the unit (Harness.MinTTL, at least 100ms) and a long
+// one (2 units + 2 × (unit/4 + 750ms)), so that no fixed TTL fits both.
+//
+// # Trace: contract sentence → subtest
+//
+// Package driver:
+//
+//   - [P1] "a Locker returns ErrNotAcquired, ErrNotHeld, ErrClosed, ErrInvalid and ErrUnavailable (possibly
+//     wrapped) for the conditions they name" → see E1–E6.
+//   - [P2] "Errors should not carry a "locker:" prefix — package locker adds it, once" → Driver/Errors;
+//     mutant: errors-prefixed-locker.
+//   - [P3] "but should name the backend ("redis: …") where they come from one" → not checked: the suite
+//     cannot know a backend's name.
+//   - [P4] "every other error is treated as transient by package locker" → not checked: binds package
+//     locker and needs errors a reachable backend does not return (root tests TestRenewalRetriesTransientErrors,
+//     TestWaitSurvivesTransientErrors).
+//   - [P5] "This package depends on the standard library only." → not checked: not an obligation of a driver.
+//
+// Driver:
+//
+//   - [D1] "Open returns a Locker for the data source name dsn." → not checked: the Harness opens Lockers
+//     through its own function (so that a driver built from an existing client is tested the same way); every
+//     subtest uses what it returns.
+//   - [D2] "every driver in this module takes a URL whose scheme is the name the driver is registered under,
+//     and rejects unknown query parameters with an error wrapping ErrInvalid" → not checked: binds this
+//     module's drivers only; each driver's own URL tests check it.
+//
+// Locker:
+//
+//   - [L1] "It is safe for concurrent use by multiple goroutines." → Driver/ConcurrentUse; mutant:
+//     shared-scratch.
+//   - [L2] "Each method makes one attempt: waiting, retrying and renewal belong to package locker." →
+//     Driver/MutualExclusion (an Acquire of a held key answers at once); mutant: acquire-waits. A retry of a
+//     failed call cannot be seen on a reachable backend.
+//   - [L3] "the backend stores them with the lock and compares them on Refresh and Release" and "an owner
+//     string that differs in any byte is not" → Driver/Ownership; mutants: release-without-owner-check,
+//     refresh-without-owner-check, owner-prefix-compare.
+//   - [L4] "The owner, not the Locker, holds a lock: the same owner string through another Locker on the same
+//     backend is the holder" → Driver/OwnerAcrossLockers; mutant: owner-bound-to-locker.
+//   - [L5] "A key is any non-empty string, and distinct keys never interfere." → Driver/Keys; mutant:
+//     keys-case-insensitive.
+//   - [L6] "Every method that takes a key returns an error wrapping ErrInvalid for an empty one, and every
+//     method that takes a ttl for a non-positive one; such a call changes nothing." → Driver/BadInput;
+//     mutants: release-empty-key-not-invalid, refresh-accepts-bad-ttl.
+//   - [L7] "A driver may also reject keys longer than a limit it documents." → not checked: a permission.
+//   - [L8] "Every method returns promptly once ctx is done, with an error wrapping ctx.Err(); a call whose ctx
+//     is already done changes nothing." → Driver/Context; mutants: ignores-context, done-ctx-acquire-grants.
+//     Subscribe and AcquireWait: W10, B4.
+//
+// Locker.Acquire:
+//
+//   - [A1] "Acquire makes one atomic attempt to take key" → Driver/AtomicAcquire; mutant: check-then-set.
+//   - [A2] "for owner" → see L3, L4.
+//   - [A3] "It returns a fencing token, or ErrNotAcquired if another owner holds key" →
+//     Driver/MutualExclusion; mutants: acquire-ignores-holder, held-plain-error.
+//   - [A4] "(a *HeldError, which wraps ErrNotAcquired, is preferred: it tells the caller when to try again)" →
+//     see H1–H3.
+//   - [A5] "Acquire by the current owner is idempotent: it succeeds, … and returns the same token" →
+//     Driver/IdempotentAcquire; mutants: idempotent-refused, idempotent-new-token.
+//   - [A6] "resets the ttl" (to the one it is handed, longer or shorter) → Driver/IdempotentAcquire; mutants:
+//     idempotent-keeps-ttl, idempotent-only-extends.
+//   - [A7] "The lock then lives for ttl, counted from the call" (each ttl it is handed, a short and a long
+//     one) → Driver/TTL; mutant: acquire-fixed-ttl.
+//   - [A8] "the server frees it no earlier than ttl, less Capabilities.Margin(ttl), after the call was sent"
+//     → Driver/Expiry; mutant: expires-before-margin.
+//   - [A9] "and soon after ttl has passed" → Driver/Expiry; mutant: never-expires.
+//   - [A10] "A ttl the backend cannot keep exactly is rounded up as Capabilities.RoundTTL says, never down."
+//     → Driver/Capabilities; mutant: granularity-rounds-down.
+//   - [A11] "The token is strictly greater than the token of every earlier grant of key: across release,
+//     expiry and re-acquire." → Driver/Fencing; mutants: tokens-repeat-after-expiry, tokens-per-locker,
+//     tokens-reset-on-release.
+//   - [A12] "An Acquire by the former owner of an expired lock is such a new grant, not the old one revived."
+//     → Driver/Expired; mutant: reacquire-revives-expired.
+//
+// Locker.Refresh:
+//
+//   - [R1] "Refresh resets the ttl of a lock owner holds" and "The new ttl counts from the call and replaces
+//     the one in force, whether it is longer or shorter." → Driver/RefreshTTL; mutants: refresh-ignores-ttl,
+//     refresh-only-extends.
+//   - [R2] "or returns ErrNotHeld and changes nothing" (held by another owner; a former holder) →
+//     Driver/Ownership; mutant: foreign-refresh-extends.
+//   - [R3] "or returns ErrNotHeld and changes nothing" (a key never taken; a released lock) →
+//     Driver/NotHeld; mutant: refresh-free-creates.
+//   - [R4] "An expired lock is not revived." → Driver/RefreshDoesNotRevive; mutant: refresh-revives-expired.
+//
+// Locker.Release:
+//
+//   - [Re1] "Release frees a lock owner holds" → Driver/MutualExclusion; mutant: release-noop.
+//   - [Re2] "or returns ErrNotHeld and changes nothing" (a key never taken; a released lock) →
+//     Driver/NotHeld; mutant: release-free-returns-nil. Held by another owner: L3.
+//   - [Re3] "or returns ErrNotHeld and changes nothing" (an expired lock) → Driver/Expired; mutant:
+//     release-expired-returns-nil.
+//
+// Locker.Close:
+//
+//   - [C1] "Close releases the Locker's resources." → not checked: resources are not visible through the
+//     interface; a driver's own tests count its connections and goroutines.
+//   - [C2] "It is idempotent" → Driver/Close; mutant: close-twice-errors.
+//   - [C3] "calls after Close, of every method of every interface the Locker implements, return ErrClosed"
+//     → Driver/Close; mutant: closed-optional-calls-work.
+//   - [C4] "Locks still held on the server are left to expire: nothing renews them after Close, so they end
+//     by their TTL at the latest" → Driver/Close; mutant: close-keeps-renewing.
+//   - [C5] "Package locker releases its own locks before calling Close." → Locker/Close; mutant:
+//     release-noop (the closed Locker's lock stays held).
+//
+// Sentinel errors:
+//
+//   - [E1] ErrNotAcquired "means the lock is held by another owner" → Driver/MutualExclusion; mutant:
+//     held-plain-error.
+//   - [E2] ErrNotHeld "means the caller does not hold the lock (any more)" → Driver/NotHeld; mutant:
+//     notheld-plain-error. Every state: held by another owner and taken over (Driver/Ownership), never
+//     taken and released (Driver/NotHeld), expired (Driver/Expired, Driver/RefreshDoesNotRevive).
+//   - [E3] ErrClosed "means the Locker has been closed" → see C3.
+//   - [E4] ErrInvalid "an empty or oversized key, a non-positive TTL" → see L6 and L7. "before any I/O" is
+//     not visible on a reachable backend.
+//   - [E5] ErrInvalid "a malformed URL, an unknown query parameter" → see D2.
+//   - [E6] ErrUnavailable "the backend could not be reached at all" → not checked: needs an unreachable
+//     backend, which the Harness cannot stage yet (the fault kit, issue 10); each driver's own tests check it.
+//   - [E7] "Package locker treats it as transient while an Acquire waits." → not checked: binds package
+//     locker and needs an unreachable backend (root test TestWaitSurvivesTransientErrors).
+//   - [E8] "Package locker exports the same values, so errors.Is matches them across the two layers." →
+//     Locker/TryAcquire; mutant: held-plain-error.
+//
+// HeldError:
+//
+//   - [H1] "returned by Acquire when another owner holds the key and the backend learned, in the same round
+//     trip, how long that owner's lock has left" → not checked: round trips are not visible through the
+//     interface; that only another owner's hold yields it is A3.
+//   - [H2] "Remaining is the holder's remaining TTL as the server saw it: it counts down from the TTL the
+//     holder last set." → Driver/HeldError (run when Acquire returns one); mutant: helderror-full-ttl.
+//   - [H3] "It wraps ErrNotAcquired." → not checked: package driver implements it, not a driver.
+//
+// Waiter:
+//
+//   - [W1] "From the moment Subscribe returns, wake receives a value … each time key may have become free:
+//     released" → Driver/Waiter; mutants: waiter-never-wakes, subscribe-registers-late, waiter-wakes-once,
+//     waiter-wakes-late.
+//   - [W2] "expired" → Driver/WaiterExpiry; mutant: waiter-no-expiry-wake.
+//   - [W3] "or deleted" → not checked: through the driver only the owner's Release deletes a key (W1); a
+//     deletion behind its back needs the server (the fault kit, issue 10).
+//   - [W4] "(it is buffered; sends never block)" → Driver/Waiter; mutant: waiter-unbuffered.
+//   - [W5] "A driver that queues subscribers on the server (etcd) may instead wake only the subscriber whose
+//     turn it is" → not checked: a permission; each check has one subscriber, whose turn it always is.
+//   - [W6] "Spurious wake-ups are allowed; missed ones are not" → see W1, W2; the checks allow spurious ones.
+//   - [W7] "except across a lost connection, after which the driver sends one wake-up" → not checked: needs
+//     a dropped connection (the fault kit, issue 10).
+//   - [W8] "(package locker also retries on a timer, capped at 2s, as a safety net)" → Locker/WokenByRelease
+//     (the waiter must be handed the key before that timer could fire); mutant: waiter-never-wakes.
+//   - [W9] "cancel ends the subscription and may be called more than once." → Driver/Waiter; mutant:
+//     waiter-cancel-noop.
+//   - [W10] "Subscribe returns promptly with ctx.Err() once ctx is done." → Driver/Waiter; mutant:
+//     subscribe-ignores-ctx.
+//
+// HoldWatcher:
+//
+//   - [HW1] "can learn, without being asked, that the server ended a lock it granted before its TTL ran out"
+//     → not checked: through the driver only the owner ends a lock before its TTL, and that is not a loss
+//     (HW8); a loss behind its back (a deleted key, a killed session) needs the server (the fault kit, issue
+//     10, and each driver's own tests).
+//   - [HW2] "Package locker watches every lock it holds through it, so that Lost closes within a small bound
+//     of the server-side loss" → not checked: needs such a loss (HW1); root test TestHoldWatcherClosesLost.
+//   - [HW3] "in the background: it must not wait for a round trip" → not checked: on a reachable backend a
+//     round trip is too quick to tell; a cut-off backend (issue 10) shows it.
+//   - [HW4] "lost is called at most once" → Driver/HoldWatcherExpiry; mutant: watch-lost-twice.
+//   - [HW5] "from any goroutine" → not checked: a freedom of the driver.
+//   - [HW6] "with an error wrapping ErrNotHeld" → Driver/HoldWatcherExpiry; mutant: watch-lost-plain-error.
+//   - [HW7] "only once the driver knows the server no longer holds key for owner: a false alarm while the
+//     lock is held breaks the contract" (a lock kept for several TTLs) → Driver/HoldWatcher; mutant:
+//     watch-false-alarm.
+//   - [HW8] "only once the driver knows the server no longer holds key for owner" (a lock left to expire:
+//     lost, if called, comes after the expiry) → Driver/HoldWatcherExpiry; mutant: watch-early-alarm.
+//   - [HW9] "Changes made by owner itself (Refresh, Release, an idempotent Acquire) are not a loss." →
+//     Driver/HoldWatcher; mutants: watch-alarm-on-own-change, watch-alarm-on-release.
+//   - [HW10] "A watch that breaks (a dropped connection) is re-established and the lock re-checked, not
+//     reported as lost unless the check says so." → not checked: needs a dropped connection (the fault kit,
+//     issue 10).
+//   - [HW11] "stop ends the watch" → not checked: lost may still be called once after stop, so an ended
+//     watch cannot be told from a live one from outside.
+//   - [HW12] "it may be called more than once and from any goroutine" → Driver/HoldWatcher; mutant:
+//     watch-stop-twice-panics.
+//   - [HW13] "and must not wait for lost to return" → Driver/HoldWatcherExpiry (when the driver reports the
+//     expiry; one that does not cannot break it); mutant: watch-stop-waits-for-lost.
+//   - [HW14] "(lost may still be called once after stop; package locker ignores it then)" → not checked:
+//     binds package locker (root test TestHoldWatcherClosesLost).
+//   - [HW15] "A non-nil error means the grant is not watched; package locker then relies on renewal alone."
+//     → not checked: a permission; the HoldWatcher subtests then have nothing to watch.
+//
+// BlockingAcquirer:
+//
+//   - [B1] "it blocks on the server until key is granted to owner" (on the holder's release, not before,
+//     and promptly) → Driver/BlockingAcquirer; mutants: blocking-grants-while-held, blocking-late.
+//   - [B2] "until key is granted to owner" (on the holder's expiry) → Driver/BlockingExpiry; mutant:
+//     blocking-no-expiry.
+//   - [B3] "AcquireWait is Acquire that waits" (its ttl holds, a short and a long one; the current owner gets
+//     its token at once) → Driver/BlockingAcquirer; mutants: blocking-ignores-ttl, blocking-waits-for-self.
+//   - [B4] "or ctx is done, in which case it returns an error wrapping ctx.Err() and leaves nothing held or
+//     queued" → Driver/BlockingAcquirer; mutants: blocking-ignores-ctx, blocking-stays-queued.
+//
+// Inspector and Info:
+//
+//   - [I1] "Inspect returns the current holder of key" (Owner, Token, and a Remaining that "counts down from
+//     the TTL the holder last set") → Driver/Inspector; mutant: inspect-wrong-token.
+//   - [I2] "or ErrNotHeld if the key is free" (never taken, released) → Driver/Inspector; mutant:
+//     inspect-free-not-notheld.
+//   - [I3] "or ErrNotHeld if the key is free" (expired) → Driver/Expired; mutant: inspect-sees-expired.
+//   - [I4] "It does not change anything." → Driver/Inspector; mutant: inspect-extends.
+//
+// Capabilities:
+//
+//   - [K1] "The zero value means: any positive TTL is honoured exactly, and tokens do not survive a restart of
+//     the server." → see A7–A10 and K2 (a driver without capabilities is tried with 20ms).
+//   - [K2] "MinTTL is the shortest TTL the backend honours." → Driver/Capabilities; mutant:
+//     min-ttl-not-honoured.
+//   - [K3] "a driver handed a shorter one rounds it up the same way or rejects it with ErrInvalid" →
+//     Driver/Capabilities; mutant: honours-below-min.
+//   - [K4] "Package locker rounds shorter TTLs up to it." → Locker/TTL (the rounded TTL is the lock's TTL,
+//     and holds); mutant: min-ttl-not-honoured.
+//   - [K5] "TTLGranularity is the unit TTLs are rounded up to … Zero means the backend keeps any duration." →
+//     Driver/Capabilities; mutant: granularity-rounds-down.
+//   - [K6] "DurableTokens reports that fencing tokens keep increasing across a restart of the server that
+//     loses all its data." → not checked: needs a server restart (the fault kit, issue 10).
+//   - [K7] "Whatever it declares, a driver's server never frees a lock earlier than ttl − Margin(ttl) after
+//     the call that set its ttl was sent." → see A8; every timing check allows the declared margin.
+//   - [K8] "Package locker uses Margin, never less than its own default" and Margin's "The holder's Lost
+//     closes at the start of the last successful acquire or refresh plus ttl minus Margin(ttl)." →
+//     Locker/LostOnExpiry (Deadline, and when Lost closes); mutant: expires-before-margin.
+//   - [K9] RoundTTL: "Drivers and package locker use it so that both layers agree on the effective TTL." →
+//     see A10, K3, K4.
+//
+// Pinger:
+//
+//   - [Pi1] "Ping makes one round trip to the server; it returns nil when the server answered." →
+//     Driver/Pinger; mutant: ping-fails. That it is one round trip is not visible.
+//
+// Package locker's promises on top of the driver, checked through locker.New (a broken root is caught
+// by the root's own tests; these rows show that the driver cannot make the root break them):
+//
+//   - [X1] Lock.Lost: "It closes before the server can grant the key to anyone else when the lock ends by
+//     its TTL" → Locker/LostOnExpiry; mutant: expires-before-margin.
+//   - [X2] Locker.Do: "fn's context is cancelled the moment the lock is lost (context.Cause then wraps
+//     ErrNotHeld)" → Locker/DoCancelledOnLoss; no driver mutant: package locker closes Lost at its own
+//     deadline whatever the driver does, so only a broken root fails it (this subtest, run on the mem driver,
+//     is the root's only check).
+//   - [X3] Locker.Close: "releases every lock still held through this Locker …, makes waiting Acquire calls
+//     return ErrClosed" → Locker/Close; mutant: release-noop.
+//   - [X4] WithAutoRenew: "the lock is refreshed every TTL/3 while held" → Locker/AutoRenew; mutant:
+//     refresh-noop.
+//   - [X5] Locker.Acquire: "Waiting does not poll where the driver can do better" → Locker/WokenByRelease;
+//     mutants: waiter-storm, blocking-late.
+//   - [X6] Locker.Acquire: "A failed or cancelled Acquire leaves nothing held." → Locker/CancelledWait;
+//     mutant: blocking-stays-queued.
+//   - [X7] Lock.Refresh: "It returns ErrNotHeld once the lock is released or lost (and then Lost is closed)"
+//     → Locker/RefreshAfterLoss; no driver mutant: package locker presumes the lock lost at its safe
+//     deadline, before another owner can take it, and answers without asking the driver (root test
+//     TestLostWhenServerSaysNotHeld).
+//   - [X8] Lock.Token: "strictly greater than the token of every earlier grant of the same key" →
+//     Locker/Fencing; mutant: tokens-reset-on-release.
+//   - [X9] mutual exclusion under contention (8 Lockers, never two holders at once) → Locker/Contention;
+//     mutant: acquire-ignores-holder.
+//   - [X10] Locker.TryAcquire: "ErrInvalid for an empty key or a bad option (before any I/O)" →
+//     Locker/BadInput; no driver mutant: package locker rejects them before calling the driver, so only a
+//     broken root fails it (this subtest, run on the mem driver, is the root's check).
+package conformance
