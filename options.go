@@ -44,8 +44,11 @@ func WithAutoRenew(on bool) Option {
 // two callers that share an owner string are the same holder to the backend
 // (an Acquire by the owner succeeds and returns the same token). Use it only
 // to hand a lock over between processes deliberately, or to make the holder
-// recognisable in Inspect. An empty owner, or one longer than 256 bytes,
-// fails with ErrInvalid.
+// recognisable in Inspect. The hand-over does not work on a backend whose
+// locks belong to the connection that took them
+// (driver.Capabilities.LockerBound: PostgreSQL advisory mode), where another
+// process with the same owner is refused. An empty owner, or one longer
+// than 256 bytes, fails with ErrInvalid.
 func WithOwner(owner string) Option {
 	return func(o *options) { o.owner = owner; o.ownerSet = true }
 }

@@ -52,6 +52,7 @@ var mutants = []mutant{
 	{"owner-prefix-compare", "Driver/Ownership", blocking},
 	{"foreign-refresh-extends", "Driver/Ownership", blocking},
 	{"owner-bound-to-locker", "Driver/OwnerAcrossLockers", blocking},
+	{"locker-bound-release-frees", "Driver/OwnerAcrossLockers", blocking},
 	{"refresh-ignores-ttl", "Driver/RefreshTTL", blocking},
 	{"refresh-only-extends", "Driver/RefreshTTL", blocking},
 	{"refresh-revives-expired", "Driver/RefreshDoesNotRevive", blocking},

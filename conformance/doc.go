@@ -73,6 +73,9 @@
 //     refresh-without-owner-check, owner-prefix-compare.
 //   - [L4] "The owner, not the Locker, holds a lock: the same owner string through another Locker on the same
 //     backend is the holder" → Driver/OwnerAcrossLockers; mutant: owner-bound-to-locker.
+//   - [L4b] "a backend whose locks belong to the connection that took them … declares
+//     Capabilities.LockerBound, and then the same owner through another Locker is refused (ErrNotAcquired,
+//     ErrNotHeld) and changes nothing" → Driver/OwnerAcrossLockers; mutant: locker-bound-release-frees.
 //   - [L5] "A key is any non-empty string, and distinct keys never interfere." → Driver/Keys; mutant:
 //     keys-case-insensitive.
 //   - [L6] "Every method that takes a key returns an error wrapping ErrInvalid for an empty one, and every
@@ -171,7 +174,9 @@
 //   - [W1] "From the moment Subscribe returns, wake receives a value … each time key may have become free:
 //     released" → Driver/Waiter; mutants: waiter-never-wakes, subscribe-registers-late, waiter-wakes-once,
 //     waiter-wakes-late.
-//   - [W2] "expired" → Driver/WaiterExpiry; mutant: waiter-no-expiry-wake.
+//   - [W2] "and expired unless the driver's Acquire reports the holder's remaining TTL in a *HeldError" →
+//     Driver/WaiterExpiry (woken by the expiry, or told the remaining TTL); mutant: waiter-no-expiry-wake
+//     (neither).
 //   - [W3] "or deleted" → not checked: through the driver only the owner's Release deletes a key (W1); a
 //     deletion behind its back needs the server (the fault kit, issue 10).
 //   - [W4] "(it is buffered; sends never block)" → Driver/Waiter; mutant: waiter-unbuffered.

@@ -253,11 +253,33 @@ func (s *suite) driverOwnership(t *testing.T) {
 // another Locker (a process handing a lock over, as locker.WithOwner
 // allows) is the holder: its Acquire returns the same token, its Refresh
 // and Release succeed.
+//
+// A driver that declares Capabilities.LockerBound keeps the lock with the
+// Locker that took it instead: through another Locker, the same owner's
+// Acquire is refused, its Refresh and Release return ErrNotHeld, and none
+// of them changes the lock.
 func (s *suite) driverOwnerAcrossLockers(t *testing.T) {
 	a, b, c := s.open(t), s.open(t), s.open(t)
 	key, ttl := newKey(t), ttlFor(a, s.hold())
 	o := newOwner()
 	g := s.acquire(t, a, key, o, ttl)
+	if s.caps.LockerBound {
+		_, err := b.Acquire(s.callCtx(t), key, o, ttl)
+		wantErr(t, "Acquire by the holder's owner through another Locker of a LockerBound driver", err, driver.ErrNotAcquired)
+		wantErr(t, "Refresh by the holder's owner through another Locker of a LockerBound driver",
+			b.Refresh(s.callCtx(t), key, o, ttl), driver.ErrNotHeld)
+		wantErr(t, "Release by the holder's owner through another Locker of a LockerBound driver",
+			b.Release(s.callCtx(t), key, o), driver.ErrNotHeld)
+		s.mustBeHeld(t, c, key, "after the same owner's calls through another Locker of a LockerBound driver")
+		if tok, err := a.Acquire(s.callCtx(t), key, o, ttl); err != nil || tok != g.token {
+			t.Fatalf("idempotent Acquire through the Locker that holds the key: token %d, %v; want %d", tok, err, g.token)
+		}
+		if err := a.Release(s.callCtx(t), key, o); err != nil {
+			t.Fatalf("Release through the Locker that holds the key: %v", err)
+		}
+		s.mustBeFree(t, c, key, "after the holding Locker released it")
+		return
+	}
 	tok, err := b.Acquire(s.callCtx(t), key, o, ttl)
 	if err != nil {
 		t.Fatalf("Acquire by the holder's owner through another Locker: %v", err)

@@ -286,7 +286,7 @@ func (f *flawed) acquire(ctx context.Context, key, owner string, ttl time.Durati
 		mine := f.sameOwner(r.owner, owner) &&
 			!(wait && f.is("blocking-waits-for-self")) &&
 			!f.is("idempotent-refused") &&
-			!(f.is("owner-bound-to-locker") && r.by != f)
+			!((f.is("owner-bound-to-locker") || f.is("locker-bound-release-frees")) && r.by != f)
 		if mine {
 			if f.is("watch-alarm-on-own-change") && ttl != r.ttl {
 				s.fireAll(key, "the TTL changed")
@@ -311,6 +311,10 @@ func (f *flawed) acquire(ctx context.Context, key, owner string, ttl time.Durati
 		}
 		if f.is("held-plain-error") {
 			return 0, errors.New("flawed: the key is busy")
+		}
+		if f.is("waiter-no-expiry-wake") {
+			// Neither a wake-up on expiry nor the remaining TTL.
+			return 0, fmt.Errorf("flawed: %w", driver.ErrNotAcquired)
 		}
 		rem := time.Until(r.expires)
 		if f.is("helderror-full-ttl") {
@@ -416,7 +420,8 @@ func (f *flawed) lookup(key, expiredFlaw string) *flawRec {
 // holds reports whether owner holds r (through f); with anyOwnerFlaw on,
 // whoever asks does.
 func (f *flawed) holds(r *flawRec, owner, anyOwnerFlaw string) bool {
-	return r != nil && (f.sameOwner(r.owner, owner) || f.is(anyOwnerFlaw)) && !(f.is("owner-bound-to-locker") && r.by != f)
+	bound := f.is("owner-bound-to-locker") || f.is("locker-bound-release-frees")
+	return r != nil && (f.sameOwner(r.owner, owner) || f.is(anyOwnerFlaw)) && !(bound && r.by != f)
 }
 
 func (f *flawed) notHeld() error {
@@ -438,7 +443,10 @@ func (f *flawed) Release(ctx context.Context, key, owner string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := f.lookup(key, "release-expired-returns-nil")
-	if !f.holds(r, owner, "release-without-owner-check") {
+	// A LockerBound driver whose Release still frees the key for the same
+	// owner through another Locker.
+	leak := f.is("locker-bound-release-frees") && r != nil && f.sameOwner(r.owner, owner)
+	if !f.holds(r, owner, "release-without-owner-check") && !leak {
 		if r == nil && f.is("release-free-returns-nil") {
 			return nil
 		}
@@ -483,7 +491,11 @@ func (f *flawed) Close() error {
 	return nil
 }
 
-func (f *flawed) Capabilities() driver.Capabilities { return flawCaps }
+func (f *flawed) Capabilities() driver.Capabilities {
+	c := flawCaps
+	c.LockerBound = f.is("locker-bound-release-frees")
+	return c
+}
 
 func (f *flawed) Ping(ctx context.Context) error {
 	if err := f.checkOptional(ctx, "-"); err != nil {

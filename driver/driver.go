@@ -47,6 +47,10 @@ type Driver interface {
 // lock: the same owner string through another Locker on the same backend is
 // the holder (package locker's WithOwner hands a lock over between
 // processes that way), and an owner string that differs in any byte is not.
+// The one exception is a backend whose locks belong to the connection that
+// took them (PostgreSQL advisory locks): it declares
+// Capabilities.LockerBound, and then the same owner through another Locker
+// is refused (ErrNotAcquired, ErrNotHeld) and changes nothing.
 //
 // A key is any non-empty string, and distinct keys never interfere. Every
 // method that takes a key returns an error wrapping ErrInvalid for an empty
@@ -145,7 +149,10 @@ func (e *HeldError) Unwrap() error { return ErrNotAcquired }
 type Waiter interface {
 	// Subscribe starts watching key. From the moment Subscribe returns,
 	// wake receives a value (it is buffered; sends never block) each time
-	// key may have become free: released, expired or deleted. A driver
+	// key may have become free: released or deleted, and expired unless
+	// the driver's Acquire reports the holder's remaining TTL in a
+	// *HeldError (package locker then wakes itself at that moment, so such
+	// a driver need not watch for expiry). A driver
 	// that queues subscribers on the server (etcd) may instead wake only the
 	// subscriber whose turn it is, so a release wakes one process rather
 	// than all. Spurious wake-ups are allowed; missed ones are not, except
@@ -230,6 +237,12 @@ type Capabilities struct {
 	// was sent.
 	DriftFactor float64
 	DriftFixed  time.Duration
+	// LockerBound reports that a lock belongs to the Locker (the
+	// connection, the session) that took it, not to its owner string: the
+	// same owner through another Locker cannot refresh, release or
+	// re-acquire it (PostgreSQL advisory locks). Package locker's WithOwner
+	// hand-over does not work on such a backend.
+	LockerBound bool
 }
 
 // Default deadline margin: a 1% clock-rate difference plus 2ms of rounding.

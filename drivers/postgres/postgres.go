@@ -164,10 +164,12 @@ func newLocker(ctx context.Context, pool *pgxpool.Pool, c *config) (*Locker, err
 }
 
 // Capabilities reports a 10ms minimum TTL kept to the millisecond (the unit
-// of idle_session_timeout) and durable tokens (a WAL-logged sequence, made
-// durable before a grant is reported).
+// of idle_session_timeout), durable tokens (a WAL-logged sequence, made
+// durable before a grant is reported), and LockerBound: an advisory lock
+// belongs to the session, so only the Locker that took it can refresh or
+// release it.
 func (l *Locker) Capabilities() driver.Capabilities {
-	return driver.Capabilities{MinTTL: 10 * time.Millisecond, TTLGranularity: time.Millisecond, DurableTokens: true}
+	return driver.Capabilities{MinTTL: 10 * time.Millisecond, TTLGranularity: time.Millisecond, DurableTokens: true, LockerBound: true}
 }
 
 // Ping makes one round trip to the server on a pooled connection. It returns
