@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -26,12 +27,27 @@ const concurrency = 8
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	if h.Open == nil {
+		if h.hasFaults() {
+			t.Fatal("conformance: Harness has fault hooks but no Open: the fault subtests need Open to make the Lockers they fault")
+		}
 		t.Fatal("conformance: Harness.Open is nil")
 	}
-	s := &suite{h: h, unit: max(h.MinTTL, 100*time.Millisecond), sem: make(chan struct{}, concurrency)}
+	if spec := os.Getenv(childEnv); spec != "" {
+		runChild(t, h, spec)
+		return
+	}
+	s := &suite{h: h, unit: max(h.MinTTL, 100*time.Millisecond), sem: make(chan struct{}, concurrency), top: t.Name()}
 	s.probe(t)
 	t.Run("Driver", func(t *testing.T) { s.runAll(t, s.driverSubtests()) })
 	t.Run("Locker", func(t *testing.T) { s.runAll(t, s.lockerSubtests()) })
+	if faults := s.faultSubtests(); len(faults) > 0 {
+		// One at a time: a fault may touch the whole server.
+		t.Run("Faults", func(t *testing.T) {
+			for _, st := range faults {
+				s.runLimit(t, st.name, st.fn, s.faultTime(t)+2*time.Minute+30*s.unit)
+			}
+		})
+	}
 }
 
 type suite struct {
@@ -43,6 +59,7 @@ type suite struct {
 	// remaining TTL.
 	has map[string]bool
 	sem chan struct{}
+	top string // the name of the test that called Run, for Pause's child
 }
 
 type subtest struct {
@@ -132,8 +149,11 @@ func (s *suite) runAll(t *testing.T, subs []subtest) {
 // run runs one subtest under a watchdog, and turns a panic in it (a driver
 // that panics) into a failure of that subtest.
 func (s *suite) run(t *testing.T, name string, fn func(t *testing.T)) {
+	s.runLimit(t, name, fn, 60*time.Second+30*s.unit)
+}
+
+func (s *suite) runLimit(t *testing.T, name string, fn func(t *testing.T), limit time.Duration) {
 	t.Run(name, func(t *testing.T) {
-		limit := 60*time.Second + 30*s.unit
 		done := make(chan struct{})
 		defer close(done)
 		full := t.Name()

@@ -2,6 +2,7 @@ package conformance_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"regexp"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-locker/locker/conformance"
 	"github.com/go-locker/locker/driver"
@@ -106,6 +108,11 @@ var mutants = []mutant{
 	{"watch-lost-plain-error", "Driver/HoldWatcherExpiry", blocking},
 	{"watch-stop-waits-for-lost", "Driver/HoldWatcherExpiry", blocking},
 
+	// Faults (the fault subtests).
+	{"frees-on-cut", "Faults/Cut", blocking},
+	{"lost-late", "Faults/Cut", blocking},
+	{"empty-restart-resets-tokens", "Faults/RestartEmpty", blocking},
+
 	// Package locker's promises, broken through the driver.
 	{"held-plain-error", "Locker/TryAcquire", blocking},
 	{"tokens-reset-on-release", "Locker/Fencing", blocking},
@@ -138,6 +145,10 @@ func TestSuiteCatchesBrokenDrivers(t *testing.T) {
 				}
 				return f, nil
 			},
+			Cut:          func(d driver.Locker) (func(), error) { return asFlawed(d).cutOff() },
+			Reset:        func(d driver.Locker) error { f := asFlawed(d); f.mu.Lock(); f.reset = true; f.mu.Unlock(); return nil },
+			Restart:      func(context.Context) error { st.restart(false); return nil },
+			RestartEmpty: func(context.Context) error { st.restart(true); return nil },
 		})
 		return
 	}
@@ -198,7 +209,7 @@ func TestTraceTable(t *testing.T) {
 	if len(rows) == 0 {
 		t.Fatal("no rows found in doc.go's trace table")
 	}
-	rowRe := regexp.MustCompile(`→ ((?:Driver|Locker)/\w+)\b`)
+	rowRe := regexp.MustCompile(`→ ((?:Driver|Locker|Faults)/\w+)\b`)
 	mutRe := regexp.MustCompile(`; mutants?: ([a-z0-9-]+(?:, [a-z0-9-]+)*)`)
 	used := map[mutant]bool{}
 	checked, noMutant, reasons, refs := 0, 0, 0, 0
@@ -261,4 +272,57 @@ func tableRows(src string) []string {
 		}
 	}
 	return rows
+}
+
+// asFlawed returns the flawed driver behind a Locker that Open returned.
+func asFlawed(d driver.Locker) *flawed {
+	if b, ok := d.(flawedBlocking); ok {
+		return b.flawed
+	}
+	return d.(*flawed)
+}
+
+const harnessEnv = "LOCKER_CONFORMANCE_HARNESS"
+
+// TestSuiteBadHarness runs the suite, in a child process, with a Harness
+// that is wrong, and checks that it fails at once with a clear message: a
+// fault hook without Open, and a hook that returns an error (the subtest
+// fails with the hook's error, without hanging or skipping).
+func TestSuiteBadHarness(t *testing.T) {
+	switch os.Getenv(harnessEnv) {
+	case "":
+	case "no-open":
+		conformance.Run(t, conformance.Harness{Reset: func(driver.Locker) error { return nil }})
+		return
+	case "hook-error":
+		st := newFlawStore("none")
+		conformance.Run(t, conformance.Harness{
+			Open:  func(context.Context) (driver.Locker, error) { return flawedBlocking{&flawed{st: st}}, nil },
+			Reset: func(driver.Locker) error { return errors.New("staged reset failed") },
+		})
+		return
+	}
+	for _, c := range []struct{ harness, run, want string }{
+		{"no-open", "^TestSuiteBadHarness$", "conformance: Harness has fault hooks but no Open"},
+		{"hook-error", "^TestSuiteBadHarness$/^Faults$/^Reset$", "fault hook Reset failed: staged reset failed"},
+	} {
+		t.Run(c.harness, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run="+c.run, "-test.v", "-test.count=1", "-test.timeout=2m")
+			cmd.Env = append(os.Environ(), harnessEnv+"="+c.harness)
+			start := time.Now()
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the suite passed a Harness that is wrong (%s):\n%s", c.harness, out)
+			}
+			if !strings.Contains(string(out), c.want) {
+				t.Fatalf("the suite failed, but without %q:\n%s", c.want, out)
+			}
+			if strings.Contains(string(out), "--- SKIP") {
+				t.Fatalf("the suite skipped instead of failing:\n%s", out)
+			}
+			if d := time.Since(start); d > time.Minute {
+				t.Fatalf("the suite took %v to fail", d)
+			}
+		})
+	}
 }

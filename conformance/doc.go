@@ -259,7 +259,8 @@
 //   - [K5] "TTLGranularity is the unit TTLs are rounded up to … Zero means the backend keeps any duration." →
 //     Driver/Capabilities; mutant: granularity-rounds-down.
 //   - [K6] "DurableTokens reports that fencing tokens keep increasing across a restart of the server that
-//     loses all its data." → not checked: needs a server restart (the fault kit, issue 10).
+//     loses all its data." → Faults/RestartEmpty (run when the Harness sets RestartEmpty); mutant:
+//     empty-restart-resets-tokens.
 //   - [K7] "Whatever it declares, a driver's server never frees a lock earlier than ttl − Margin(ttl) after
 //     the call that set its ttl was sent." → see A8; every timing check allows the declared margin.
 //   - [K8] "Package locker uses Margin, never less than its own default" and Margin's "The holder's Lost
@@ -301,4 +302,60 @@
 //   - [X10] Locker.TryAcquire: "ErrInvalid for an empty key or a bad option (before any I/O)" →
 //     Locker/BadInput; no driver mutant: package locker rejects them before calling the driver, so only a
 //     broken root fails it (this subtest, run on the mem driver, is the root's check).
+//
+// Under faults (the fault subtests below):
+//
+//   - [F1] Lock.Lost "closes before the server can grant the key to anyone else", with a holder cut off
+//     from the server → Faults/Cut; mutants: frees-on-cut, lost-late. The first grants the key to others
+//     while the cut-off holder's lock is still valid; the second ends the lock half way through the TTL the
+//     holder counts on, which is what a root that fires Lost late looks like from outside (the suite
+//     cannot swap the root).
+//   - [F2] The same, with the holder's connections reset → Faults/Reset; no driver mutant: the flaws of F1
+//     show the same way here, and F1 proves the check.
+//   - [F3] The same, across a server restart that keeps its data → Faults/Restart; no driver mutant: as F2.
+//   - [F4] Lock.Token "strictly greater than the token of every earlier grant of the same key", across a
+//     restart that loses the server's data → see K6.
+//   - [F5] A paused holder: the server does not grant the key before the holder's safe deadline, and the
+//     holder's Lost closes at once when it resumes → Faults/Pause; no driver mutant: a driver that frees
+//     early fails F1 the same way, and the flawed driver's state lives in one process, which a child cannot
+//     share.
+//
+// # Fault subtests
+//
+// A driver's test stages the faults it can through the Harness's hooks
+// (Cut, Reset, Restart, RestartEmpty, Pause); Run then runs one subtest per
+// hook set, named Faults/<hook>, one at a time after all the others. The
+// fault proxy in package faultproxy is one way to build Cut and Reset for
+// a TCP backend. Each fault subtest runs three Lockers (separate "processes")
+// that take turns holding one key for a bounded time (FaultTimeEnv; 8 units
+// and at least 2s by default), while the fault is injected at random moments,
+// aimed at the current holder where it has one. A holder, while it believes
+// it holds the key, writes its token to a fenced register every unit/10;
+// every operation records when it started and ended, and every grant when
+// its holder stopped believing it held it (Lost closed, Release called, or
+// its safe deadline passed). Faults/Pause runs the holder in a child process
+// (the same test binary; see Harness.Pause) and stops it with SIGSTOP for
+// two TTLs.
+//
+// The check then fails the subtest on any of:
+//
+//   - two grants whose holders both believed they held the key at the same time, for longer than the
+//     Harness's LostBound for that fault: the earlier holder's Lost closed after the later one was granted
+//     (the interval counted is from the later grant's return to the earlier of the two belief ends, so a
+//     slow machine can only hide an overlap, never invent one);
+//   - a token not strictly greater than that of a grant whose Acquire returned before this one's began (a
+//     real-time order check of the token sequence: a linearizability check of the counter), except across
+//     RestartEmpty for a driver whose Capabilities.DurableTokens is false;
+//   - the key still held after every contender stopped and the last TTL ran out;
+//   - in Faults/Pause, a child whose Lost did not close within 1s of resuming.
+//
+// The fenced register replays every write in the order written and rejects a
+// token lower than one it accepted; since tokens follow real-time order
+// (above), what it rejects are writes of holders that had lost the key
+// without knowing, which fencing exists to stop. Each subtest logs one line,
+// "fault-matrix: fault=… violations=… margin_min=… margin_p50=…
+// takeover_p50=… takeover_p99=… ops=… stale_rejected=…": margin is the time
+// from a holder's loss to the next grant (negative: an overlap), takeover the
+// time from a fault aimed at a holder to the next grant to anyone. scripts/faults
+// gathers these lines into the README's failure-mode matrix.
 package conformance

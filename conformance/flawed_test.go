@@ -31,6 +31,8 @@ type flawStore struct {
 	watches map[string]map[*flawWatch]struct{}
 	change  chan struct{} // closed and replaced on every release or expiry
 	release chan struct{} // the same, on releases only
+	down    time.Time     // a restart: calls fail with ErrUnavailable until then
+	quiet   bool          // changed does not tell watchers (frees-on-cut)
 }
 
 type flawRec struct {
@@ -66,6 +68,11 @@ func (s *flawStore) serverTTL(ttl time.Duration) time.Duration {
 	switch {
 	case s.is("never-expires"):
 		return 24 * time.Hour
+	case s.is("lost-late"):
+		// Stands for a root that fires Lost late: the lock ends half way
+		// through the TTL the holder counts on. Renewals every TTL/3 hide
+		// it; a holder cut off shows it.
+		return ttl / 2
 	case s.is("min-ttl-not-honoured") && ttl < 50*time.Millisecond:
 		return time.Millisecond
 	case s.is("granularity-rounds-down"):
@@ -122,12 +129,17 @@ func (s *flawStore) changed(key string, released bool) {
 			sub.wake()
 		}
 	}
-	s.checkWatches(key)
+	if !s.quiet {
+		s.checkWatches(key)
+	}
 }
 
 // checkWatches reports lost to every watcher of key whose grant is no
 // longer the live one. s.mu is held.
 func (s *flawStore) checkWatches(key string) {
+	if s.is("frees-on-cut") || s.is("lost-late") {
+		return // they end locks their holders never hear of
+	}
 	cur := s.live(key)
 	for w := range s.watches[key] {
 		if cur == nil || cur.owner != w.owner || cur.token != w.token {
@@ -150,8 +162,10 @@ type flawed struct {
 	st      *flawStore
 	mu      sync.Mutex
 	closed  bool
-	counter uint64       // tokens-per-locker
-	scratch atomic.Value // shared-scratch
+	counter uint64        // tokens-per-locker
+	scratch atomic.Value  // shared-scratch
+	cut     chan struct{} // while cut off (Harness.Cut): closed at heal
+	reset   bool          // the next call fails, as after a TCP reset
 }
 
 type flawedBlocking struct{ *flawed }
@@ -201,7 +215,90 @@ func (f *flawed) check(ctx context.Context, key string, ttl time.Duration, needT
 	case needTTL && ttl <= 0:
 		return fmt.Errorf("flawed: %w: ttl %v", driver.ErrInvalid, ttl)
 	}
+	return f.gate(ctx)
+}
+
+// gate stages the faults of the Harness: a call through a Locker that is
+// cut off waits for the heal or its context; one after a reset fails once;
+// one during a restart fails with ErrUnavailable.
+func (f *flawed) gate(ctx context.Context) error {
+	f.mu.Lock()
+	cut, reset := f.cut, f.reset
+	f.reset = false
+	f.mu.Unlock()
+	if reset {
+		return errors.New("flawed: connection reset by peer")
+	}
+	if cut != nil && ctx.Done() != nil {
+		// A call without a context (WatchHold) starts a watch on what the
+		// driver already has; it has nothing to wait for.
+		select {
+		case <-cut:
+		case <-ctx.Done():
+			return fmt.Errorf("flawed: cut off: %w", ctx.Err())
+		}
+	}
+	f.st.mu.Lock()
+	down := f.st.down
+	f.st.mu.Unlock()
+	if time.Now().Before(down) {
+		return fmt.Errorf("flawed: %w: the server is restarting", driver.ErrUnavailable)
+	}
 	return nil
+}
+
+// cutOff is Harness.Cut. With frees-on-cut, the server frees f's locks at
+// once and grants them to others, while their holder hears nothing.
+func (f *flawed) cutOff() (func(), error) {
+	ch := make(chan struct{})
+	f.mu.Lock()
+	f.cut = ch
+	f.mu.Unlock()
+	if f.is("frees-on-cut") {
+		s := f.st
+		s.mu.Lock()
+		s.quiet = true
+		for key, r := range s.locks {
+			if r.by == f && s.live(key) != nil {
+				r.timer.Stop()
+				delete(s.locks, key)
+				s.changed(key, true)
+			}
+		}
+		s.quiet = false
+		s.mu.Unlock()
+	}
+	return func() {
+		f.mu.Lock()
+		f.cut = nil
+		f.mu.Unlock()
+		close(ch)
+	}, nil
+}
+
+// restart is Harness.Restart and, with empty, Harness.RestartEmpty: the
+// server is down for 50ms; without its data, every lock is gone (and its
+// watchers told, as a reconnecting driver would be) but the token counter
+// survives, as DurableTokens promises, unless the flaw is
+// empty-restart-resets-tokens.
+func (s *flawStore) restart(empty bool) {
+	const downtime = 50 * time.Millisecond
+	s.mu.Lock()
+	s.down = time.Now().Add(downtime)
+	if empty {
+		for key, r := range s.locks {
+			r.timer.Stop()
+			delete(s.locks, key)
+			s.fireAll(key, "the server restarted without its data")
+			s.changed(key, false)
+		}
+		if s.is("empty-restart-resets-tokens") {
+			s.counter = 0
+			clear(s.perKey)
+		}
+	}
+	s.mu.Unlock()
+	time.Sleep(downtime)
 }
 
 // checkOptional is check for the optional interfaces' methods.
@@ -215,7 +312,7 @@ func (f *flawed) checkOptional(ctx context.Context, key string) error {
 	case key == "":
 		return fmt.Errorf("flawed: %w: empty key", driver.ErrInvalid)
 	}
-	return nil
+	return f.gate(ctx)
 }
 
 func (f *flawed) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
