@@ -53,3 +53,18 @@ func (c *conn) Close() error {
 	}
 	return c.c.Close()
 }
+
+// doFunc returns a rediscore.DoFunc running one command on c.
+func doFunc(c redis.UniversalClient) rediscore.DoFunc {
+	return func(ctx context.Context, args ...string) (any, error) {
+		a := make([]any, len(args))
+		for i, x := range args {
+			a[i] = x
+		}
+		v, err := c.Do(ctx, a...).Result()
+		if errors.Is(err, redis.Nil) {
+			return nil, nil
+		}
+		return v, err
+	}
+}

@@ -31,6 +31,7 @@
 //	sentinel_username=        ACL user for the sentinels (needs sentinel_master)
 //	sentinel_password=        password for the sentinels (needs sentinel_master)
 //	allow_replica=false       accept a replica (single-node and Redlock URLs)
+//	allow_eviction=false      accept a server whose maxmemory-policy can evict lock keys (see Eviction)
 //	insecure_skip_verify=false  rediss only: do not verify the server certificate
 //	client_name=              CLIENT SETNAME for every connection
 //	dial_timeout=5s           connecting, handshake included
@@ -52,6 +53,23 @@
 // refuses a replica (an error wrapping driver.ErrInvalid), since a lock
 // written to a replica is refused or lost; allow_replica=true skips that.
 // A Redlock URL opens when a quorum of its nodes answers.
+//
+// # Eviction
+//
+// A Redis whose maxmemory-policy is anything but noeviction (allkeys-lru,
+// volatile-ttl, …: lock keys carry a TTL, so the volatile-* policies evict
+// them too) can evict a lock key under memory pressure, as a cache shared
+// with the locks would. The lock is then gone on the server while its
+// holder believes it holds it, and another owner can take it at once. Open
+// therefore reads the policy of every server it checks (the single server,
+// every Cluster node, the Sentinel master, each Redlock master that
+// answers) and refuses one that can evict, with an error naming the policy
+// and allow_eviction (TestOpenRefusesEvictingServer). It reads CONFIG GET
+// maxmemory-policy, and where CONFIG is disabled or renamed, as on managed
+// services, INFO memory's maxmemory_policy; a server that answers neither
+// is refused too. allow_eviction=true skips the check (no round trip) and
+// accepts the risk; a policy changed after Open is not seen. New and
+// NewRedlock make no round trip and so do not check.
 //
 // # Keys, round trips, tokens
 //

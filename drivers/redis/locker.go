@@ -183,24 +183,36 @@ func newRedlock(clients []redis.UniversalClient, o Options, owns bool) *Locker {
 // check is Open's start-up check (see Open).
 func (l *Locker) check(ctx context.Context, c *config) error {
 	if c.Mode() == "cluster" || c.Mode() == "sentinel" {
-		if err := l.subs[0].client.Ping(ctx).Err(); err != nil {
+		cl := l.subs[0].client
+		if err := cl.Ping(ctx).Err(); err != nil {
 			return fmt.Errorf("redis: %s at %s: %w", c.Mode(), strings.Join(c.Addrs, ","), explain(err))
 		}
-		return nil
+		if cc, ok := cl.(*redis.ClusterClient); ok {
+			// Every node, replicas included: a replica is promoted on a
+			// failover with the policy it has.
+			return cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+				return rediscore.CheckEviction(ctx, "redis", n.Options().Addr, c.AllowEviction, doFunc(n))
+			})
+		}
+		return rediscore.CheckEviction(ctx, "redis", "sentinel master "+c.SentinelMaster, c.AllowEviction, doFunc(cl))
 	}
 	errs := make([]error, len(l.subs))
 	var wg sync.WaitGroup
 	for i, s := range l.subs {
 		wg.Go(func() {
 			errs[i] = checkMaster(ctx, s.client, c.Addrs[i], c.AllowReplica)
+			if errs[i] == nil {
+				errs[i] = rediscore.CheckEviction(ctx, "redis", c.Addrs[i], c.AllowEviction, doFunc(s.client))
+			}
 		})
 	}
 	wg.Wait()
-	// A replica is always refused. Redlock tolerates unreachable nodes as
-	// long as a quorum answered: it is built to run with some nodes down.
+	// A replica or an evicting server is always refused. Redlock tolerates
+	// unreachable nodes as long as a quorum answered: it is built to run
+	// with some nodes down.
 	failed := 0
 	for _, err := range errs {
-		if errors.Is(err, driver.ErrInvalid) {
+		if errors.Is(err, driver.ErrInvalid) || errors.Is(err, rediscore.ErrEvictionPolicy) {
 			return err
 		}
 		if err != nil {

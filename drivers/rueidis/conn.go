@@ -157,3 +157,24 @@ func convert(m *rueidis.RedisMessage) (any, error) {
 		return m.ToAny()
 	}
 }
+
+// doFunc returns a rediscore.DoFunc running one command on cl. A map reply
+// comes back as a map[string]string, a verbatim string (INFO) as a string.
+func doFunc(cl rueidis.Client) rediscore.DoFunc {
+	return func(ctx context.Context, args ...string) (any, error) {
+		msg, err := cl.Do(ctx, cl.B().Arbitrary(args...).Build()).ToMessage()
+		if err != nil {
+			if rueidis.IsRedisNil(err) {
+				return nil, nil
+			}
+			return nil, err
+		}
+		if msg.IsMap() {
+			return msg.AsStrMap()
+		}
+		if s, err := msg.ToString(); err == nil {
+			return s, nil
+		}
+		return convert(&msg)
+	}
+}

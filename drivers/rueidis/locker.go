@@ -132,6 +132,10 @@ func Open(dsn string) (*Locker, error) {
 			return nil, err
 		}
 	}
+	if err := checkEviction(cmd, addr, c); err != nil {
+		closeAll()
+		return nil, err
+	}
 	w.clients = []rueidis.Client{watch}
 	w.piggyback = !c.Cluster
 	l.core = rediscore.NewNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, c.Options)
@@ -348,6 +352,36 @@ func checkMaster(cl rueidis.Client, addr string, c *config) error {
 	if len(arr) > 0 {
 		if role, _ := arr[0].ToString(); role != "master" {
 			return fmt.Errorf("rueidis: %s is a replica (ROLE %s), not a master: locks written there are lost or refused; point the URL at the master, use sentinel_master, or set allow_replica=true: %w", addr, role, driver.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// checkEviction refuses a deployment whose maxmemory-policy can evict lock
+// keys unless allow_eviction=true (rediscore.CheckEviction): on a Cluster
+// every node, replicas included (one is promoted on a failover with the
+// policy it has); on Sentinel the master; else the one server.
+func checkEviction(cl rueidis.Client, addr string, c *config) error {
+	if c.AllowEviction {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout)
+	defer cancel()
+	if !c.Cluster {
+		if c.SentinelMaster != "" {
+			addr = "sentinel master " + c.SentinelMaster
+		}
+		return rediscore.CheckEviction(ctx, "rueidis", addr, false, doFunc(cl))
+	}
+	nodes := cl.Nodes()
+	addrs := make([]string, 0, len(nodes))
+	for a := range nodes {
+		addrs = append(addrs, a)
+	}
+	slices.Sort(addrs)
+	for _, a := range addrs {
+		if err := rediscore.CheckEviction(ctx, "rueidis", a, false, doFunc(nodes[a])); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -59,7 +59,10 @@ func (m *master) current() rueidis.Client {
 func (m *master) connect() error {
 	cl, err := newClient(m.opt, m.addr)
 	if err == nil {
-		if err = checkMaster(cl, m.addr, m.cfg); err != nil {
+		if err = checkMaster(cl, m.addr, m.cfg); err == nil {
+			err = checkEviction(cl, m.addr, m.cfg)
+		}
+		if err != nil {
 			cl.Close()
 		}
 	}
@@ -77,7 +80,10 @@ func (m *master) dial() {
 	defer m.wg.Done()
 	cl, err := newClient(m.opt, m.addr)
 	if err == nil {
-		if err = checkMaster(cl, m.addr, m.cfg); err != nil {
+		if err = checkMaster(cl, m.addr, m.cfg); err == nil {
+			err = checkEviction(cl, m.addr, m.cfg)
+		}
+		if err != nil {
 			cl.Close()
 			cl = nil
 		}
@@ -109,9 +115,9 @@ func (m *master) close() {
 }
 
 // fatal reports a connection error that retrying will not cure: a
-// rejected password, a replica, a bad setting.
+// rejected password, a replica, an evicting server, a bad setting.
 func fatal(err error) bool {
-	return errors.Is(err, errAuth) || errors.Is(err, driver.ErrInvalid)
+	return errors.Is(err, errAuth) || errors.Is(err, driver.ErrInvalid) || errors.Is(err, rediscore.ErrEvictionPolicy)
 }
 
 // openRedlock connects to every master in parallel and needs a quorum.
