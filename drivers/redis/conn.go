@@ -38,13 +38,15 @@ func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args
 		if errors.Is(err, redis.Nil) {
 			return nil, nil
 		}
-		return nil, err
+		return nil, rediscore.MarkUnavailable(err)
 	}
 	return v, nil
 }
 
 // Ping implements rediscore.Conn.
-func (c *conn) Ping(ctx context.Context) error { return c.c.Ping(ctx).Err() }
+func (c *conn) Ping(ctx context.Context) error {
+	return rediscore.MarkUnavailable(c.c.Ping(ctx).Err())
+}
 
 // Close implements rediscore.Conn.
 func (c *conn) Close() error {
@@ -65,6 +67,6 @@ func doFunc(c redis.UniversalClient) rediscore.DoFunc {
 		if errors.Is(err, redis.Nil) {
 			return nil, nil
 		}
-		return v, err
+		return v, rediscore.MarkUnavailable(err)
 	}
 }

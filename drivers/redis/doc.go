@@ -71,6 +71,18 @@
 // accepts the risk; a policy changed after Open is not seen. New and
 // NewRedlock make no round trip and so do not check.
 //
+// # Unavailable
+//
+// Every mode wraps driver.ErrUnavailable around a failure to reach the
+// servers at all: refused, reset or timed-out connections, a failed TLS
+// handshake or authentication, a server loading its data or whose master or
+// cluster is down, a Redlock with too few nodes answering for a quorum. Open
+// returns it when its check cannot reach the deployment, and Acquire,
+// Refresh, Release, Inspect and Ping when a call cannot. A key another owner
+// holds is driver.ErrNotAcquired, never ErrUnavailable, including on a
+// Redlock with a minority of nodes down (TestErrUnavailable, each mode with
+// its servers killed).
+//
 // # Keys, round trips, tokens
 //
 // A key k is stored at "<prefix>:{k}" with the value "<token>:<owner>"; its

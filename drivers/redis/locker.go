@@ -219,8 +219,11 @@ func (l *Locker) check(ctx context.Context, c *config) error {
 			failed++
 		}
 	}
+	if failed > 0 && len(l.subs) == 1 {
+		return errs[0]
+	}
 	if failed > len(l.subs)-l.quorum {
-		return errors.Join(errs...)
+		return rediscore.AsUnavailable(fmt.Errorf("redis: Redlock: %d of %d nodes failed, quorum %d: %w", failed, len(l.subs), l.quorum, errors.Join(errs...)))
 	}
 	return nil
 }
@@ -246,8 +249,13 @@ func checkMaster(ctx context.Context, c redis.UniversalClient, addr string, allo
 		addr, role, master, driver.ErrInvalid)
 }
 
-// explain turns a go-redis connection error into a message naming the cause.
+// explain turns a go-redis connection error into a message naming the
+// cause; every such error also wraps driver.ErrUnavailable.
 func explain(err error) error {
+	return rediscore.AsUnavailable(explainCause(err))
+}
+
+func explainCause(err error) error {
 	s := err.Error()
 	switch {
 	case strings.Contains(s, "WRONGPASS"), strings.Contains(s, "NOAUTH"), strings.Contains(s, "invalid password"),

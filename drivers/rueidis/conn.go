@@ -123,7 +123,7 @@ func (c *conn) wrap(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		return fmt.Errorf("rueidis: %s: %w (%v)", c.addr, cerr, err)
 	}
-	return fmt.Errorf("rueidis: %s: %w", c.addr, err)
+	return rediscore.MarkUnavailable(fmt.Errorf("rueidis: %s: %w", c.addr, err))
 }
 
 // convert turns a reply into int64, string, []any (nested) or nil.
@@ -167,7 +167,7 @@ func doFunc(cl rueidis.Client) rediscore.DoFunc {
 			if rueidis.IsRedisNil(err) {
 				return nil, nil
 			}
-			return nil, err
+			return nil, rediscore.MarkUnavailable(err)
 		}
 		if msg.IsMap() {
 			return msg.AsStrMap()

@@ -305,7 +305,7 @@ func (c *config) clientOption(addrs []string, w *cscWaiter) rueidis.ClientOption
 func newClient(opt rueidis.ClientOption, addr string) (rueidis.Client, error) {
 	cl, err := rueidis.NewClient(opt)
 	if err != nil {
-		return nil, fmt.Errorf("rueidis: connect to %s: %w", addr, describe(err))
+		return nil, rediscore.AsUnavailable(fmt.Errorf("rueidis: connect to %s: %w", addr, describe(err)))
 	}
 	return cl, nil
 }
@@ -347,7 +347,7 @@ func checkMaster(cl rueidis.Client, addr string, c *config) error {
 	defer cancel()
 	arr, err := cl.Do(ctx, cl.B().Role().Build()).ToArray()
 	if err != nil {
-		return fmt.Errorf("rueidis: %s: ROLE: %w", addr, describe(err))
+		return rediscore.MarkUnavailable(fmt.Errorf("rueidis: %s: ROLE: %w", addr, describe(err)))
 	}
 	if len(arr) > 0 {
 		if role, _ := arr[0].ToString(); role != "master" {

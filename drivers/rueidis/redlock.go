@@ -45,7 +45,7 @@ func (m *master) get() (rueidis.Client, error) {
 		m.wg.Add(1)
 		go m.dial()
 	}
-	return nil, fmt.Errorf("rueidis: %s: not connected (redialling): %w", m.addr, m.err)
+	return nil, rediscore.AsUnavailable(fmt.Errorf("rueidis: %s: not connected (redialling): %w", m.addr, m.err))
 }
 
 // current returns the client if connected, else nil (without dialling).
@@ -146,7 +146,7 @@ func openRedlock(c *config, w *cscWaiter) (*Locker, error) {
 	}
 	if q := len(ms)/2 + 1; up < q {
 		closeAll()
-		return nil, fmt.Errorf("rueidis: Redlock: %d of %d masters answered, quorum %d: %w", up, len(ms), q, errors.Join(errs...))
+		return nil, rediscore.AsUnavailable(fmt.Errorf("rueidis: Redlock: %d of %d masters answered, quorum %d: %w", up, len(ms), q, errors.Join(errs...)))
 	}
 	conns := make([]rediscore.Conn, len(ms))
 	for i, m := range ms {

@@ -242,7 +242,7 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 		}
 		r.cleanup(ctx, lock, ch, owner, grants, maxToken)
 		if fenced < r.q {
-			return 0, fmt.Errorf("redis: redlock acquire: token write-back reached %d of %d nodes (quorum %d): %v", fenced, n, r.q, firstErr(fres))
+			return 0, fmt.Errorf("redis: redlock acquire: token write-back reached %d of %d nodes (quorum %d): %w: %v", fenced, n, r.q, driver.ErrUnavailable, firstErr(fres))
 		}
 		return 0, &driver.HeldError{Remaining: r.jitter()}
 	}
@@ -264,8 +264,8 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 		return 0, &driver.HeldError{Remaining: rem + r.jitter()}
 	}
 	if failed >= n-r.q+1 {
-		return 0, fmt.Errorf("redis: redlock acquire: no quorum: %d of %d nodes granted, %d held by another owner, %d failed (quorum %d): %w",
-			granted, n, len(held), failed, r.q, firstErr(res))
+		return 0, AsUnavailable(fmt.Errorf("redis: redlock acquire: no quorum: %d of %d nodes granted, %d held by another owner, %d failed (quorum %d): %w",
+			granted, n, len(held), failed, r.q, firstErr(res)))
 	}
 	// Split vote between contenders: retry after a random delay.
 	return 0, &driver.HeldError{Remaining: r.jitter()}
@@ -435,7 +435,7 @@ func (r *Redlock) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	case notHeld >= n-r.q+1:
 		return fmt.Errorf("redis: redlock refresh: held on %d of %d nodes: %w", ok, n, driver.ErrNotHeld)
 	}
-	return fmt.Errorf("redis: redlock refresh: reached %d of %d nodes (quorum %d): %w", ok, n, r.q, firstErr(res))
+	return AsUnavailable(fmt.Errorf("redis: redlock refresh: reached %d of %d nodes (quorum %d): %w", ok, n, r.q, firstErr(res)))
 }
 
 // Release implements driver.Locker: ReleaseScript on every node. It
@@ -469,8 +469,8 @@ func (r *Redlock) Release(ctx context.Context, key, owner string) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("redis: redlock release: %w", ctx.Err())
 	case released+failed >= r.q:
-		return fmt.Errorf("redis: redlock release: released on %d, %d of %d nodes failed (quorum %d): %w",
-			released, failed, len(r.conns), r.q, firstErr(res))
+		return AsUnavailable(fmt.Errorf("redis: redlock release: released on %d, %d of %d nodes failed (quorum %d): %w",
+			released, failed, len(r.conns), r.q, firstErr(res)))
 	}
 	return fmt.Errorf("redis: redlock release: held on %d of %d nodes (quorum %d): %w",
 		released, len(r.conns), r.q, driver.ErrNotHeld)
@@ -559,7 +559,7 @@ func (r *Redlock) Ping(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("redis: redlock ping: %w", ctx.Err())
 	}
-	return fmt.Errorf("redis: redlock ping: %d of %d nodes answered (quorum %d): %w", ok, len(r.conns), r.q, first)
+	return AsUnavailable(fmt.Errorf("redis: redlock ping: %d of %d nodes answered (quorum %d): %w", ok, len(r.conns), r.q, first))
 }
 
 // Close closes every Conn. It is idempotent; later calls of every method
