@@ -60,6 +60,7 @@ type Locker struct {
 	quorum  int           // subscriptions Subscribe needs (1, or N/2+1)
 	prefix  string
 	maxKey  int
+	tracker *tracker // hold watching; nil where unsupported
 	closeMu sync.Mutex
 	closed  bool
 }
@@ -94,6 +95,9 @@ func Open(dsn string) (*Locker, error) {
 		l = newRedlock(clients, c.Options, true)
 	} else {
 		l = newLocker(c.client(), c.Options, true)
+		if c.Mode() == "single" || c.Mode() == "sentinel" {
+			l.tracker = newTracker(c.watchClient, c.Options.Prefix)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout+c.readTimeout)
 	defer cancel()
@@ -426,6 +430,9 @@ func (l *Locker) Close() error {
 	}
 	l.closed = true
 	l.closeMu.Unlock()
+	if l.tracker != nil {
+		l.tracker.close()
+	}
 	for _, s := range l.subs {
 		s.close()
 	}

@@ -92,6 +92,50 @@
 // Redlock with a minority of nodes down (TestErrUnavailable, each mode with
 // its servers killed).
 //
+// # Watching a held lock
+//
+// The Locker implements driver.HoldWatcher on a single server, a Cluster
+// and a Sentinel master (Lockers from Open, and NewWithClientOption), over
+// the same client-side-caching invalidations its waits use: each held key
+// is read with a plain GET on the watch client, whose connections run
+// CLIENT TRACKING ON OPTOUT (rueidis tracks on every node of a Cluster and
+// re-enables tracking on every new connection); the server sends an
+// invalidation when the key is deleted, expires, is evicted or is
+// written, and the watch reads the key again (re-arming the tracking) and
+// reports the grant lost only if the value no longer is the grant's
+// "<token>:<owner>". The read is not DoCache: a cached value could predate
+// the grant while its invalidation is still on the way. rueidis signals a
+// lost connection with an empty invalidation, after which every watched
+// key is read again.
+//
+// Not watched: Redlock (a grant is a quorum, so one node's change is not a
+// loss; counting per-node invalidations is not built), and adopted
+// clients (New, NewRedlock), whose invalidation hook belongs to their
+// owner. WatchHold returns an error there and package locker relies on
+// renewal alone.
+//
+// A lock's key deleted (DEL by another client, an operator), overwritten
+// by another owner, or evicted closes the holder's Lost() (cause server)
+// within 100ms of the change: measured well under a millisecond on
+// loopback, asserted at 100ms by TestHoldWatch (deleted, overwritten) and
+// TestHoldWatchEviction, under -race over -count=5. The holder's own
+// renewals, which change the key's TTL and so invalidate it, are re-read
+// and raise no alarm (TestHoldWatch "own refreshes": about 20 renewals).
+//
+// When the watch connection breaks, nothing is reported: a lost connection
+// is not a lost lock. The watch reconnects, reads every watched key again
+// (the server forgot what the old connection tracked), and reports a key
+// found gone or changed then (TestHoldWatch "watch connection killed":
+// every client connection killed, no alarm, then a deletion caught as
+// before). Meanwhile renewal and the safe deadline still apply.
+//
+// Cost: acquire and release stay one EVALSHA each, with nothing added to
+// their round trips. The watch adds one GET of the lock key on its own
+// connection per grant (TestHoldWatchCost counts, from INFO commandstats,
+// 2 EVALSHA and 1.0 to 1.04 watch GETs per acquire+release), and by design
+// one more per renewal, whose invalidation it re-reads (not counted by a
+// test).
+//
 // # Keys, round trips, tokens
 //
 // A key k is stored at "<prefix>:{k}" with the value "<token>:<owner>"; its

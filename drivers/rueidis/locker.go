@@ -60,6 +60,7 @@ type lockerCore interface {
 type Locker struct {
 	core   lockerCore
 	w      subscriber
+	hold   *rediscore.HoldWatch // nil where hold watching is unsupported
 	opts   Options
 	closed chan struct{}
 	once   sync.Once
@@ -116,6 +117,11 @@ func Open(dsn string) (*Locker, error) {
 	if c.redlock() {
 		return openRedlock(c, w)
 	}
+	// The hook may run as soon as the watch client exists: the HoldWatch
+	// is in place before, and reads through the client once it is set.
+	var watchClient rueidis.Client
+	l.hold = newHoldWatch(func() rueidis.Client { return watchClient }, c.Options.Prefix)
+	w.hold = l.hold
 	addr := strings.Join(c.Addrs, ",")
 	cmd, watch, err := pair(c.Addrs, addr)
 	if err != nil {
@@ -138,6 +144,7 @@ func Open(dsn string) (*Locker, error) {
 	}
 	w.clients = []rueidis.Client{watch}
 	w.piggyback = !c.Cluster
+	watchClient = watch
 	l.core = rediscore.NewNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, c.Options)
 	return l, nil
 }
@@ -243,6 +250,8 @@ func NewWithClientOption(opt rueidis.ClientOption, opts ...Options) (*Locker, er
 		opt.OnInvalidations = w.onInvalidations
 	}
 	opt.ClientTrackingOptions = trackingOptions
+	var watchClient rueidis.Client
+	w.hold = newHoldWatch(func() rueidis.Client { return watchClient }, o.Prefix)
 	watch, err := newClient(opt, addr)
 	if err != nil {
 		cmd.Close()
@@ -250,10 +259,12 @@ func NewWithClientOption(opt rueidis.ClientOption, opts ...Options) (*Locker, er
 	}
 	w.clients = []rueidis.Client{watch}
 	w.piggyback = watch.Mode() != rueidis.ClientModeCluster
+	watchClient = watch
 	all := []rueidis.Client{cmd, watch}
 	return &Locker{
 		core:   rediscore.NewNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, o),
 		w:      w,
+		hold:   w.hold,
 		opts:   o,
 		closed: make(chan struct{}),
 	}, nil
@@ -456,6 +467,9 @@ func (l *Locker) Close() error {
 	var err error
 	l.once.Do(func() {
 		close(l.closed)
+		if l.hold != nil {
+			l.hold.Close()
+		}
 		err = l.core.Close()
 		l.w.shut()
 	})
