@@ -16,6 +16,7 @@ import (
 	"github.com/go-locker/locker/conformance/faultproxy"
 	"github.com/go-locker/locker/internal/rediscore"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
 // Bound is the longest time allowed between a change made on the server
@@ -129,6 +130,43 @@ func waitTracking(t *testing.T, do Do) {
 	}
 }
 
+// Modes runs Run on a single server and a Sentinel master, and on a
+// Cluster when cluster is true; of spells the driver's URL.
+func Modes(t *testing.T, of func(addrs ...string) string, cluster bool) {
+	t.Run("single", func(t *testing.T) {
+		s := redistest.Start(t)
+		Run(t, func(t *testing.T) *locker.Locker { return drivertest.Open(t, of(s.Addr)) }, Single(s.Do))
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		sn := redistest.StartSentinel(t)
+		u := drivertest.With(of(sn.Sentinel.Addr), "sentinel_master="+sn.Name)
+		Run(t, func(t *testing.T) *locker.Locker { return drivertest.Open(t, u) }, Single(sn.Master.Do))
+	})
+	if cluster {
+		t.Run("cluster", func(t *testing.T) {
+			c := redistest.StartCluster(t, 3)
+			u := drivertest.With(of(c.Addrs()...), "cluster=true")
+			Run(t, func(t *testing.T) *locker.Locker { return drivertest.Open(t, u) }, Cluster(c.Masters))
+		})
+	}
+}
+
+// CheckCost runs Cost and fails unless acquire+release stays two EVALSHA
+// and the watch adds about one GET per grant (INFO commandstats also
+// counts the scripts' own GETs: 2 in acquire, 1 in release).
+func CheckCost(t *testing.T, of func(addrs ...string) string) {
+	per := Cost(t, of, 50)
+	t.Logf("commands per acquire+release: %v", per)
+	if per["evalsha"] != 2 {
+		t.Fatalf("EVALSHA per acquire+release = %v, want 2", per["evalsha"])
+	}
+	watch := per["get"] - 3
+	t.Logf("watch GETs per acquire+release: %.2f", watch)
+	if watch > 1.1 {
+		t.Fatalf("watch GETs per acquire+release = %.2f, want about 1", watch)
+	}
+}
+
 // Single returns Run's at for one server (or a Sentinel master).
 func Single(do Do) func(string) Do { return func(string) Do { return do } }
 
@@ -149,19 +187,25 @@ func Cluster(masters []*redistest.Server) func(string) Do {
 func changed(t *testing.T, lk *locker.Lock, change func()) {
 	t.Helper()
 	change()
-	at := time.Now()
+	lostWithin(t, lk, time.Now(), "the change")
+}
+
+// lostWithin asserts that lk's Lost() closes, with cause server, within
+// Bound of at (when what happened).
+func lostWithin(t *testing.T, lk *locker.Lock, at time.Time, what string) {
+	t.Helper()
 	select {
 	case <-lk.Lost():
 	case <-time.After(5 * time.Second):
-		t.Fatal("Lost() still open 5s after the key changed on the server")
+		t.Fatalf("Lost() still open 5s after %s", what)
 	}
 	gap := time.Since(at)
 	if !errors.Is(lk.Err(), locker.CauseServer) {
 		t.Fatalf("lk.Err() = %v, want cause server", lk.Err())
 	}
-	t.Logf("Lost() closed %v after the change", gap)
+	t.Logf("Lost() closed %v after %s", gap, what)
 	if gap > Bound {
-		t.Fatalf("Lost() closed %v after the change, want within %v", gap, Bound)
+		t.Fatalf("Lost() closed %v after %s, want within %v", gap, what, Bound)
 	}
 }
 
@@ -191,7 +235,7 @@ func WaitWatched(t *testing.T, do Do, key string) {
 // URL), takes a lock, and fills the server until the lock key is evicted:
 // the holder's Lost() must close within Bound of the eviction being
 // observed.
-func Evicted(t *testing.T, open func(t *testing.T, url string) *locker.Locker, url func(addr string) string) {
+func Evicted(t *testing.T, of func(addrs ...string) string) {
 	s := redistest.Start(t, "--maxmemory-policy", "allkeys-lru", "--maxmemory-samples", "10")
 	v, err := s.Do("INFO", "memory")
 	if err != nil {
@@ -204,7 +248,7 @@ func Evicted(t *testing.T, open func(t *testing.T, url string) *locker.Locker, u
 	if _, err := s.Do("CONFIG", "SET", "maxmemory", strconv.Itoa(used+2<<20)); err != nil {
 		t.Fatal(err)
 	}
-	l := open(t, url(s.Addr)+"?allow_eviction=true")
+	l := drivertest.Open(t, drivertest.With(of(s.Addr), "allow_eviction=true"))
 	ctx := context.Background()
 	lk, err := l.TryAcquire(ctx, "evicted", locker.WithTTL(time.Minute))
 	if err != nil {
@@ -227,19 +271,7 @@ func Evicted(t *testing.T, open func(t *testing.T, url string) *locker.Locker, u
 			t.Fatal("the lock key was never evicted")
 		}
 	}
-	select {
-	case <-lk.Lost():
-	case <-time.After(5 * time.Second):
-		t.Fatal("Lost() still open 5s after the lock key was evicted")
-	}
-	gap := time.Since(at)
-	if !errors.Is(lk.Err(), locker.CauseServer) {
-		t.Fatalf("lk.Err() = %v, want cause server", lk.Err())
-	}
-	t.Logf("Lost() closed %v after the eviction was observed", gap)
-	if gap > Bound {
-		t.Fatalf("Lost() closed %v after the eviction was observed, want within %v", gap, Bound)
-	}
+	lostWithin(t, lk, at, "the eviction was observed")
 }
 
 func infoInt(info, name string) int {
@@ -262,9 +294,9 @@ func infoInt(info, name string) int {
 // the server ran per acquire+release, by name, from INFO commandstats.
 // Hold watching adds reads (GET) of the lock key on the watch connection;
 // the acquire and release themselves stay one EVALSHA each.
-func Cost(t *testing.T, open func(t *testing.T, addr string) *locker.Locker, n int) map[string]float64 {
+func Cost(t *testing.T, of func(addrs ...string) string, n int) map[string]float64 {
 	s := redistest.Start(t)
-	l := open(t, s.Addr)
+	l := drivertest.Open(t, of(s.Addr))
 	ctx := context.Background()
 	if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
 		t.Fatal(err)
@@ -302,10 +334,10 @@ func Cost(t *testing.T, open func(t *testing.T, addr string) *locker.Locker, n i
 // server is back. The holder's Lost() must close (cause server) within
 // LossBound of the server being back. It returns when Lost() closed and
 // when the other owner was granted, both measured from the restart's end.
-func Restarted(t *testing.T, open func(t *testing.T, url string) *locker.Locker, url func(addr string) string) (lost, granted time.Duration) {
+func Restarted(t *testing.T, of func(addrs ...string) string) (lost, granted time.Duration) {
 	s := redistest.Start(t)
-	u := url(s.Addr)
-	return afterLoss(t, open(t, u), open(t, u), "restarted", s.Do, func() {}, s.Restart)
+	u := of(s.Addr)
+	return afterLoss(t, drivertest.Open(t, u), drivertest.Open(t, u), "restarted", s.Do, func() {}, s.Restart)
 }
 
 // FailedOver takes a lock on a Sentinel master whose replica replicates
@@ -313,7 +345,7 @@ func Restarted(t *testing.T, open func(t *testing.T, url string) *locker.Locker,
 // reaches the replica; then it kills the master, and the sentinel promotes
 // the replica: the failover loses the grant. As Restarted, measured from
 // the promotion being observed.
-func FailedOver(t *testing.T, open func(t *testing.T, url string) *locker.Locker, url func(addr string) string) (lost, granted time.Duration) {
+func FailedOver(t *testing.T, of func(addrs ...string) string) (lost, granted time.Duration) {
 	sn := redistest.StartSentinel(t)
 	p, err := faultproxy.New(sn.Master.Addr)
 	if err != nil {
@@ -335,8 +367,8 @@ func FailedOver(t *testing.T, open func(t *testing.T, url string) *locker.Locker
 		}
 		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
 	}
-	u := url(sn.Sentinel.Addr) + "?sentinel_master=" + sn.Name
-	holder, other := open(t, u), open(t, u)
+	u := drivertest.With(of(sn.Sentinel.Addr), "sentinel_master="+sn.Name)
+	holder, other := drivertest.Open(t, u), drivertest.Open(t, u)
 	return afterLoss(t, holder, other, "failed-over", sn.Master.Do, p.Blackhole, func() {
 		sn.Master.Kill()
 		deadline := time.Now().Add(60 * time.Second)
