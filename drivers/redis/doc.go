@@ -118,9 +118,10 @@
 // reconnected and re-read the key: within 2s of the server being back,
 // asserted by TestHoldWatchRestart and TestHoldWatchFailover (the measured
 // gaps are in the README's failure table). Another owner may be granted
-// the key before Lost() closes; fencing tokens cover that gap. The holder's own
-// renewals, which change the key's TTL and so invalidate it, are re-read
-// and raise no alarm (TestHoldWatch "own refreshes": about 20 renewals).
+// the key before Lost() closes; fencing tokens cover that gap. The
+// holder's own renewals, which change the key's TTL and so invalidate it,
+// are re-read and raise no alarm (TestHoldWatch "own refreshes": about 10
+// renewals and 5 refreshes).
 //
 // When the watch connection breaks, nothing is reported: a lost connection
 // is not a lost lock. The watch reconnects, reads every watched key again

@@ -293,7 +293,13 @@ func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 // Release implements driver.Locker: driver.ErrNotHeld if owner does not
 // hold key. A release publishes on the key's channel, waking waiters.
 func (l *Locker) Release(ctx context.Context, key, owner string) error {
-	return l.core.Release(ctx, key, owner)
+	if l.tracker == nil {
+		return l.core.Release(ctx, key, owner)
+	}
+	done := l.tracker.hold.Releasing(key, owner)
+	err := l.core.Release(ctx, key, owner)
+	done(err)
+	return err
 }
 
 // Inspect implements driver.Inspector: driver.ErrNotHeld if key is free.

@@ -420,7 +420,13 @@ func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 // wakes their waiters. It returns driver.ErrNotHeld if owner does not hold
 // key.
 func (l *Locker) Release(ctx context.Context, key, owner string) error {
-	return l.core.Release(ctx, key, owner)
+	if l.hold == nil {
+		return l.core.Release(ctx, key, owner)
+	}
+	done := l.hold.Releasing(key, owner)
+	err := l.core.Release(ctx, key, owner)
+	done(err)
+	return err
 }
 
 // Inspect implements driver.Inspector; it returns driver.ErrNotHeld if key

@@ -2,6 +2,7 @@ package rediscore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -30,7 +31,8 @@ const holdRetryMax = 200 * time.Millisecond
 // re-arms it). A read that finds the key absent, or holding another value
 // than the grant's "<token>:<owner>", reports the grant lost. The owner's
 // own refreshes invalidate the key too; their re-read finds the grant and
-// reports nothing. A read that fails (the watch connection is down) reports
+// reports nothing. The owner's release through the same Locker is
+// announced first (Releasing), so its deletion is not reported either. A read that fails (the watch connection is down) reports
 // nothing and is retried until it succeeds, the backoff growing from 10ms
 // to 200ms: a lost connection is not a lost lock, and the grant is checked
 // again once the connection is back (see Reset).
@@ -55,9 +57,10 @@ type holdKey struct {
 }
 
 type holdEntry struct {
-	key, value string
-	once       sync.Once
-	lost       func(error)
+	key, owner, value string
+	once              sync.Once
+	lost              func(error)
+	releasing         bool // the owner's Release is under way: no alarm
 }
 
 // NewHoldWatch returns a HoldWatch reading with read; prefix is the key
@@ -72,7 +75,7 @@ func NewHoldWatch(read HoldReader, prefix string) *HoldWatch {
 // Close.
 func (h *HoldWatch) Watch(key, owner string, token uint64, lost func(error)) (stop func(), err error) {
 	lock, _, _ := Keys(h.prefix, key)
-	e := &holdEntry{key: key, value: strconv.FormatUint(token, 10) + ":" + owner, lost: lost}
+	e := &holdEntry{key: key, owner: owner, value: strconv.FormatUint(token, 10) + ":" + owner, lost: lost}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -131,6 +134,45 @@ func (h *HoldWatch) Reset() {
 	defer h.mu.Unlock()
 	for _, k := range h.keys {
 		k.mark()
+	}
+}
+
+// Releasing is called before owner releases key through the watched
+// Locker: the owner's own release is not a loss, so its watches of key
+// report nothing from now on. done must be called with the release's
+// result: on success, or driver.ErrNotHeld (the lock was gone already, and
+// the release says so), those watches end; on any other error the lock may
+// still be held, and they resume with a fresh read.
+func (h *HoldWatch) Releasing(key, owner string) (done func(err error)) {
+	lock, _, _ := Keys(h.prefix, key)
+	h.mu.Lock()
+	k := h.keys[lock]
+	var es []*holdEntry
+	if k != nil {
+		for e := range k.entries {
+			if e.owner == owner && !e.releasing {
+				e.releasing = true
+				es = append(es, e)
+			}
+		}
+	}
+	h.mu.Unlock()
+	return func(err error) {
+		if len(es) == 0 {
+			return
+		}
+		if err == nil || errors.Is(err, driver.ErrNotHeld) {
+			for _, e := range es {
+				h.remove(lock, k, e)
+			}
+			return
+		}
+		h.mu.Lock()
+		for _, e := range es {
+			e.releasing = false
+		}
+		k.mark()
+		h.mu.Unlock()
 	}
 }
 
@@ -193,6 +235,9 @@ func (h *HoldWatch) check(lock string, k *holdKey, v string, exists bool) {
 	var gone []*holdEntry
 	h.mu.Lock()
 	for e := range k.entries {
+		if e.releasing {
+			continue
+		}
 		if !exists || v != e.value {
 			gone = append(gone, e)
 			delete(k.entries, e)

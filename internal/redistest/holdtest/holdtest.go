@@ -65,12 +65,12 @@ func Run(t *testing.T, open func(t *testing.T) *locker.Locker, at func(key strin
 		})
 	})
 	t.Run("own refreshes", func(t *testing.T) {
-		// TTL 150ms: auto-renewal every 50ms, about 20 renewals in a
+		// TTL 300ms: auto-renewal every 100ms, about 10 renewals in a
 		// second, plus explicit refreshes; none may close Lost().
-		lk := acquire(t, "hold-refreshed", 150*time.Millisecond)
+		lk := acquire(t, "hold-refreshed", 300*time.Millisecond)
 		do := at(lockKey("hold-refreshed"))
 		for range 5 {
-			if err := lk.Refresh(ctx, 150*time.Millisecond); err != nil {
+			if err := lk.Refresh(ctx, 300*time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
 		}
