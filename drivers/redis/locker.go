@@ -78,9 +78,13 @@ var (
 // bounded by dial_timeout + read_timeout: the server must be reachable,
 // accept the credentials, speak Redis and — for single-node and Redlock
 // URLs — be a master (a replica is refused unless allow_replica=true).
+// It also refuses a server whose maxmemory-policy can evict lock keys
+// unless allow_eviction=true (see the package documentation, Eviction).
 // Errors: a malformed URL or an unknown parameter wraps driver.ErrInvalid;
-// a failed check names the address and the cause. The Locker owns its
-// clients and closes them on Close.
+// a failed check names the address and the cause, and wraps
+// driver.ErrUnavailable when the servers could not be reached (refused,
+// unreachable, TLS or authentication failure, a Redlock without a quorum
+// answering). The Locker owns its clients and closes them on Close.
 func Open(dsn string) (*Locker, error) {
 	c, err := parseURL(dsn)
 	if err != nil {

@@ -81,8 +81,12 @@ var (
 // wrong password, a port that does not speak Redis) return an error naming
 // the address and the cause; a single-node or Redlock URL pointing at a
 // replica, or cluster=true on a server without cluster mode, an error that
-// also wraps driver.ErrInvalid. A Redlock URL opens when a quorum of its
-// masters answers (see the package documentation).
+// also wraps driver.ErrInvalid. A failure to reach the servers (refused,
+// unreachable, TLS or authentication failure, a Redlock without a quorum
+// answering) wraps driver.ErrUnavailable. A server whose maxmemory-policy
+// can evict lock keys is refused unless allow_eviction=true (see the
+// package documentation, Eviction). A Redlock URL opens when a quorum of
+// its masters answers (see the package documentation).
 func Open(dsn string) (*Locker, error) {
 	c, err := parseURL(dsn)
 	if err != nil {
