@@ -112,8 +112,8 @@
 // A lock's key deleted (DEL by another client, an operator), overwritten
 // by another owner, or evicted closes the holder's Lost() (cause server)
 // within 100ms of the change: asserted by TestHoldWatch (deleted,
-// overwritten) and TestHoldWatchEviction; measured 0.1–4ms on loopback
-// under -race over -count=5. A server that restarts empty, or a Sentinel
+// overwritten) and TestHoldWatchEviction; measured 0.1–4.2ms on loopback
+// under -race over ten runs. A server that restarts empty, or a Sentinel
 // failover that loses the grant, closes Lost() once the watch has
 // reconnected and re-read the key: within 2s of the server being back,
 // asserted by TestHoldWatchRestart and TestHoldWatchFailover (the measured
