@@ -11,20 +11,10 @@ import (
 	"github.com/go-locker/locker/conformance"
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
 func urlOf(addrs ...string) string { return "redis://" + strings.Join(addrs, ",") }
-
-func withParams(dsn string, params ...string) string {
-	for _, p := range params {
-		if strings.Contains(dsn, "?") {
-			dsn += "&" + p
-		} else {
-			dsn += "?" + p
-		}
-	}
-	return dsn
-}
 
 // openHarness returns a Harness that opens a fresh Locker on dsn per call.
 func openHarness(dsn string, minTTL time.Duration) conformance.Harness {
@@ -87,7 +77,7 @@ func TestConformanceRedlock(t *testing.T) {
 	ms := redistest.StartN(t, 5)
 	addrs := redistest.Addrs(ms)
 	// node_timeout 200ms: generous for a loaded machine under -race.
-	dsn := withParams(urlOf(addrs...), "node_timeout=200ms")
+	dsn := drivertest.With(urlOf(addrs...), "node_timeout=200ms")
 	l := openT(t, dsn)
 	conformance.Run(t, openHarness(dsn, l.Capabilities().MinTTL))
 }

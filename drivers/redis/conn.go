@@ -38,13 +38,15 @@ func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args
 		if errors.Is(err, redis.Nil) {
 			return nil, nil
 		}
-		return nil, err
+		return nil, rediscore.MarkUnavailable(err)
 	}
 	return v, nil
 }
 
 // Ping implements rediscore.Conn.
-func (c *conn) Ping(ctx context.Context) error { return c.c.Ping(ctx).Err() }
+func (c *conn) Ping(ctx context.Context) error {
+	return rediscore.MarkUnavailable(c.c.Ping(ctx).Err())
+}
 
 // Close implements rediscore.Conn.
 func (c *conn) Close() error {
@@ -52,4 +54,19 @@ func (c *conn) Close() error {
 		return nil
 	}
 	return c.c.Close()
+}
+
+// doFunc returns a rediscore.DoFunc running one command on c.
+func doFunc(c redis.UniversalClient) rediscore.DoFunc {
+	return func(ctx context.Context, args ...string) (any, error) {
+		a := make([]any, len(args))
+		for i, x := range args {
+			a[i] = x
+		}
+		v, err := c.Do(ctx, a...).Result()
+		if errors.Is(err, redis.Nil) {
+			return nil, nil
+		}
+		return v, rediscore.MarkUnavailable(err)
+	}
 }

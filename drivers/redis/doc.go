@@ -31,6 +31,7 @@
 //	sentinel_username=        ACL user for the sentinels (needs sentinel_master)
 //	sentinel_password=        password for the sentinels (needs sentinel_master)
 //	allow_replica=false       accept a replica (single-node and Redlock URLs)
+//	allow_eviction=false      accept a server whose maxmemory-policy can evict lock keys (see Eviction)
 //	insecure_skip_verify=false  rediss only: do not verify the server certificate
 //	client_name=              CLIENT SETNAME for every connection
 //	dial_timeout=5s           connecting, handshake included
@@ -52,6 +53,89 @@
 // refuses a replica (an error wrapping driver.ErrInvalid), since a lock
 // written to a replica is refused or lost; allow_replica=true skips that.
 // A Redlock URL opens when a quorum of its nodes answers.
+//
+// # Eviction
+//
+// A Redis whose maxmemory-policy is anything but noeviction (allkeys-lru,
+// volatile-ttl, …: lock keys carry a TTL, so the volatile-* policies evict
+// them too) can evict a lock key under memory pressure, as a cache shared
+// with the locks would. The lock is then gone on the server while its
+// holder believes it holds it, and another owner can take it at once. Open
+// therefore reads the policy of every server it checks (the single server,
+// every Cluster node, the Sentinel master, each Redlock master that
+// answers) and refuses one that can evict, with an error naming the policy
+// and allow_eviction (TestOpenRefusesEvictingServer). It reads CONFIG GET
+// maxmemory-policy, and where CONFIG is disabled or renamed, as on managed
+// services, INFO memory's maxmemory_policy; a server that answers neither
+// is refused too. allow_eviction=true skips the check (no round trip) and
+// accepts the risk; a policy changed after Open is not seen. New and
+// NewRedlock make no round trip and so do not check.
+//
+// # Unavailable
+//
+// Every mode wraps driver.ErrUnavailable around a failure to reach the
+// servers at all: refused, reset or timed-out connections, a failed TLS
+// handshake or authentication, a server loading its data or whose master or
+// cluster is down, a Redlock with too few nodes answering for a quorum. Open
+// returns it when its check cannot reach the deployment, and Acquire,
+// Refresh, Release, Inspect and Ping when a call cannot. A key another owner
+// holds is driver.ErrNotAcquired, never ErrUnavailable, including on a
+// Redlock with a minority of nodes down (TestErrUnavailable, each mode with
+// its servers killed).
+//
+// # Watching a held lock
+//
+// The Locker implements driver.HoldWatcher on a single server and on a
+// Sentinel master (Lockers from Open). Each held key is read on a
+// dedicated connection with CLIENT TRACKING ON REDIRECT to a second, RESP2
+// connection subscribed to __redis__:invalidate; the server then sends an
+// invalidation when the key is deleted, expires, is evicted or is
+// written, and the watch reads the key again (re-arming the tracking) and
+// reports the grant lost only if the value no longer is the grant's
+// "<token>:<owner>". Tracking was chosen over keyspace notifications,
+// which need notify-keyspace-events set on the server (often not allowed
+// on managed Redis) and are fire-and-forget pub/sub. The redirect form is
+// used because go-redis reads RESP3 push messages only when a connection
+// is used, not on an idle one, and it parses redirected invalidations as
+// pub/sub messages (PayloadSlice). The tracking connection is pinged every
+// second, so a broken one is replaced, and its keys re-read, within about
+// a second; a new subscriber connection (a new CLIENT ID) replaces the
+// tracking connection at once. Two extra connections per Locker, opened
+// with the first watch.
+//
+// Not watched: Cluster (tracking is per node, and go-redis gives no
+// per-node connection to hold it), Redlock (a grant is a quorum, so one
+// node's change is not a loss; counting per-node invalidations is not
+// built), and adopted clients (New, NewRedlock). WatchHold returns an
+// error there and package locker relies on renewal alone.
+//
+// A lock's key deleted (DEL by another client, an operator), overwritten
+// by another owner, or evicted closes the holder's Lost() (cause server)
+// within 100ms of the change: asserted by TestHoldWatch (deleted,
+// overwritten) and TestHoldWatchEviction; measured 0.1–4.2ms on loopback
+// under -race over ten runs. A server that restarts empty, or a Sentinel
+// failover that loses the grant, closes Lost() once the watch has
+// reconnected and re-read the key: within 2s of the server being back,
+// asserted by TestHoldWatchRestart and TestHoldWatchFailover (the measured
+// gaps are in the README's failure table). Another owner may be granted
+// the key before Lost() closes; fencing tokens cover that gap. The
+// holder's own renewals, which change the key's TTL and so invalidate it,
+// are re-read and raise no alarm (TestHoldWatch "own refreshes": about 10
+// renewals and 5 refreshes).
+//
+// When the watch connection breaks, nothing is reported: a lost connection
+// is not a lost lock. The watch reconnects, reads every watched key again
+// (the server forgot what the old connection tracked), and reports a key
+// found gone or changed then (TestHoldWatch "watch connection killed":
+// every client connection killed, no alarm, then a deletion caught as
+// before). Meanwhile renewal and the safe deadline still apply.
+//
+// Cost: acquire and release stay one EVALSHA each, with nothing added to
+// their round trips. The watch adds one GET of the lock key on its own
+// connection per grant (TestHoldWatchCost counts, from INFO commandstats,
+// 2 EVALSHA and 1.0 to 1.04 watch GETs per acquire+release), and by design
+// one more per renewal, whose invalidation it re-reads (not counted by a
+// test).
 //
 // # Keys, round trips, tokens
 //

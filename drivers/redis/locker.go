@@ -60,6 +60,7 @@ type Locker struct {
 	quorum  int           // subscriptions Subscribe needs (1, or N/2+1)
 	prefix  string
 	maxKey  int
+	tracker *tracker // hold watching; nil where unsupported
 	closeMu sync.Mutex
 	closed  bool
 }
@@ -77,9 +78,13 @@ var (
 // bounded by dial_timeout + read_timeout: the server must be reachable,
 // accept the credentials, speak Redis and — for single-node and Redlock
 // URLs — be a master (a replica is refused unless allow_replica=true).
+// It also refuses a server whose maxmemory-policy can evict lock keys
+// unless allow_eviction=true (see the package documentation, Eviction).
 // Errors: a malformed URL or an unknown parameter wraps driver.ErrInvalid;
-// a failed check names the address and the cause. The Locker owns its
-// clients and closes them on Close.
+// a failed check names the address and the cause, and wraps
+// driver.ErrUnavailable when the servers could not be reached (refused,
+// unreachable, TLS or authentication failure, a Redlock without a quorum
+// answering). The Locker owns its clients and closes them on Close.
 func Open(dsn string) (*Locker, error) {
 	c, err := parseURL(dsn)
 	if err != nil {
@@ -94,6 +99,9 @@ func Open(dsn string) (*Locker, error) {
 		l = newRedlock(clients, c.Options, true)
 	} else {
 		l = newLocker(c.client(), c.Options, true)
+		if c.Mode() == "single" || c.Mode() == "sentinel" {
+			l.tracker = newTracker(c.watchClient, c.Options.Prefix)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout+c.readTimeout)
 	defer cancel()
@@ -183,32 +191,47 @@ func newRedlock(clients []redis.UniversalClient, o Options, owns bool) *Locker {
 // check is Open's start-up check (see Open).
 func (l *Locker) check(ctx context.Context, c *config) error {
 	if c.Mode() == "cluster" || c.Mode() == "sentinel" {
-		if err := l.subs[0].client.Ping(ctx).Err(); err != nil {
+		cl := l.subs[0].client
+		if err := cl.Ping(ctx).Err(); err != nil {
 			return fmt.Errorf("redis: %s at %s: %w", c.Mode(), strings.Join(c.Addrs, ","), explain(err))
 		}
-		return nil
+		if cc, ok := cl.(*redis.ClusterClient); ok {
+			// Every node, replicas included: a replica is promoted on a
+			// failover with the policy it has.
+			return cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+				return rediscore.CheckEviction(ctx, "redis", n.Options().Addr, c.AllowEviction, doFunc(n))
+			})
+		}
+		return rediscore.CheckEviction(ctx, "redis", "sentinel master "+c.SentinelMaster, c.AllowEviction, doFunc(cl))
 	}
 	errs := make([]error, len(l.subs))
 	var wg sync.WaitGroup
 	for i, s := range l.subs {
 		wg.Go(func() {
 			errs[i] = checkMaster(ctx, s.client, c.Addrs[i], c.AllowReplica)
+			if errs[i] == nil {
+				errs[i] = rediscore.CheckEviction(ctx, "redis", c.Addrs[i], c.AllowEviction, doFunc(s.client))
+			}
 		})
 	}
 	wg.Wait()
-	// A replica is always refused. Redlock tolerates unreachable nodes as
-	// long as a quorum answered: it is built to run with some nodes down.
+	// A replica or an evicting server is always refused. Redlock tolerates
+	// unreachable nodes as long as a quorum answered: it is built to run
+	// with some nodes down.
 	failed := 0
 	for _, err := range errs {
-		if errors.Is(err, driver.ErrInvalid) {
+		if errors.Is(err, driver.ErrInvalid) || errors.Is(err, rediscore.ErrEvictionPolicy) {
 			return err
 		}
 		if err != nil {
 			failed++
 		}
 	}
+	if failed > 0 && len(l.subs) == 1 {
+		return errs[0]
+	}
 	if failed > len(l.subs)-l.quorum {
-		return errors.Join(errs...)
+		return rediscore.AsUnavailable(fmt.Errorf("redis: Redlock: %d of %d nodes failed, quorum %d: %w", failed, len(l.subs), l.quorum, errors.Join(errs...)))
 	}
 	return nil
 }
@@ -234,8 +257,13 @@ func checkMaster(ctx context.Context, c redis.UniversalClient, addr string, allo
 		addr, role, master, driver.ErrInvalid)
 }
 
-// explain turns a go-redis connection error into a message naming the cause.
+// explain turns a go-redis connection error into a message naming the
+// cause; every such error also wraps driver.ErrUnavailable.
 func explain(err error) error {
+	return rediscore.AsUnavailable(explainCause(err))
+}
+
+func explainCause(err error) error {
 	s := err.Error()
 	switch {
 	case strings.Contains(s, "WRONGPASS"), strings.Contains(s, "NOAUTH"), strings.Contains(s, "invalid password"),
@@ -269,7 +297,13 @@ func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 // Release implements driver.Locker: driver.ErrNotHeld if owner does not
 // hold key. A release publishes on the key's channel, waking waiters.
 func (l *Locker) Release(ctx context.Context, key, owner string) error {
-	return l.core.Release(ctx, key, owner)
+	if l.tracker == nil {
+		return l.core.Release(ctx, key, owner)
+	}
+	done := l.tracker.hold.Releasing(key, owner)
+	err := l.core.Release(ctx, key, owner)
+	done(err)
+	return err
 }
 
 // Inspect implements driver.Inspector: driver.ErrNotHeld if key is free.
@@ -406,6 +440,9 @@ func (l *Locker) Close() error {
 	}
 	l.closed = true
 	l.closeMu.Unlock()
+	if l.tracker != nil {
+		l.tracker.close()
+	}
 	for _, s := range l.subs {
 		s.close()
 	}

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"crypto/tls"
 	"time"
 
@@ -104,4 +105,41 @@ func (c *config) client() redis.UniversalClient {
 		})
 	}
 	return redis.NewClient(c.nodeOptions(c.Addrs[0]))
+}
+
+// watchClient builds a one-connection client for hold watching, on the
+// single server or the Sentinel master, calling onConnect on each new
+// connection; resp2 selects RESP2 (the invalidation subscriber).
+func (c *config) watchClient(onConnect func(context.Context, *redis.Conn) error, resp2 bool) *redis.Client {
+	proto := 3
+	if resp2 {
+		proto = 2
+	}
+	if c.Mode() == "sentinel" {
+		// go-redis runs OnConnect on its connections to the sentinels
+		// too; only the master's connections get the hook.
+		hook := onConnect
+		onConnect = func(ctx context.Context, cn *redis.Conn) error {
+			v, err := cn.Do(ctx, "ROLE").Slice()
+			if err != nil {
+				return err
+			}
+			if len(v) > 0 && v[0] == "sentinel" {
+				return nil
+			}
+			return hook(ctx, cn)
+		}
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: c.SentinelMaster, SentinelAddrs: c.Addrs,
+			SentinelUsername: c.SentinelUsername, SentinelPassword: c.SentinelPassword,
+			Username: c.Username, Password: c.Password, DB: c.DB,
+			ClientName: c.ClientName, TLSConfig: c.tlsConfig(), Protocol: proto,
+			DialTimeout: c.DialTimeout, ReadTimeout: c.readTimeout, WriteTimeout: c.writeTimeout,
+			PoolSize: 1, MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true, DisableIdentity: true,
+			OnConnect: onConnect,
+		})
+	}
+	o := c.nodeOptions(c.Addrs[0])
+	o.PoolSize, o.Protocol, o.OnConnect = 1, proto, onConnect
+	return redis.NewClient(o)
 }

@@ -123,7 +123,7 @@ func (c *conn) wrap(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 		return fmt.Errorf("rueidis: %s: %w (%v)", c.addr, cerr, err)
 	}
-	return fmt.Errorf("rueidis: %s: %w", c.addr, err)
+	return rediscore.MarkUnavailable(fmt.Errorf("rueidis: %s: %w", c.addr, err))
 }
 
 // convert turns a reply into int64, string, []any (nested) or nil.
@@ -155,5 +155,26 @@ func convert(m *rueidis.RedisMessage) (any, error) {
 		return out, nil
 	default:
 		return m.ToAny()
+	}
+}
+
+// doFunc returns a rediscore.DoFunc running one command on cl. A map reply
+// comes back as a map[string]string, a verbatim string (INFO) as a string.
+func doFunc(cl rueidis.Client) rediscore.DoFunc {
+	return func(ctx context.Context, args ...string) (any, error) {
+		msg, err := cl.Do(ctx, cl.B().Arbitrary(args...).Build()).ToMessage()
+		if err != nil {
+			if rueidis.IsRedisNil(err) {
+				return nil, nil
+			}
+			return nil, rediscore.MarkUnavailable(err)
+		}
+		if msg.IsMap() {
+			return msg.AsStrMap()
+		}
+		if s, err := msg.ToString(); err == nil {
+			return s, nil
+		}
+		return convert(&msg)
 	}
 }

@@ -60,6 +60,7 @@ type lockerCore interface {
 type Locker struct {
 	core   lockerCore
 	w      subscriber
+	hold   *rediscore.HoldWatch // nil where hold watching is unsupported
 	opts   Options
 	closed chan struct{}
 	once   sync.Once
@@ -80,8 +81,12 @@ var (
 // wrong password, a port that does not speak Redis) return an error naming
 // the address and the cause; a single-node or Redlock URL pointing at a
 // replica, or cluster=true on a server without cluster mode, an error that
-// also wraps driver.ErrInvalid. A Redlock URL opens when a quorum of its
-// masters answers (see the package documentation).
+// also wraps driver.ErrInvalid. A failure to reach the servers (refused,
+// unreachable, TLS or authentication failure, a Redlock without a quorum
+// answering) wraps driver.ErrUnavailable. A server whose maxmemory-policy
+// can evict lock keys is refused unless allow_eviction=true (see the
+// package documentation, Eviction). A Redlock URL opens when a quorum of
+// its masters answers (see the package documentation).
 func Open(dsn string) (*Locker, error) {
 	c, err := parseURL(dsn)
 	if err != nil {
@@ -116,6 +121,11 @@ func Open(dsn string) (*Locker, error) {
 	if c.redlock() {
 		return openRedlock(c, w)
 	}
+	// The hook may run as soon as the watch client exists: the HoldWatch
+	// is in place before, and reads through the client once it is set.
+	var watchClient rueidis.Client
+	l.hold = newHoldWatch(func() rueidis.Client { return watchClient }, c.Options.Prefix)
+	w.hold = l.hold
 	addr := strings.Join(c.Addrs, ",")
 	cmd, watch, err := pair(c.Addrs, addr)
 	if err != nil {
@@ -132,8 +142,13 @@ func Open(dsn string) (*Locker, error) {
 			return nil, err
 		}
 	}
+	if err := checkEviction(cmd, addr, c); err != nil {
+		closeAll()
+		return nil, err
+	}
 	w.clients = []rueidis.Client{watch}
 	w.piggyback = !c.Cluster
+	watchClient = watch
 	l.core = rediscore.NewNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, c.Options)
 	return l, nil
 }
@@ -239,6 +254,8 @@ func NewWithClientOption(opt rueidis.ClientOption, opts ...Options) (*Locker, er
 		opt.OnInvalidations = w.onInvalidations
 	}
 	opt.ClientTrackingOptions = trackingOptions
+	var watchClient rueidis.Client
+	w.hold = newHoldWatch(func() rueidis.Client { return watchClient }, o.Prefix)
 	watch, err := newClient(opt, addr)
 	if err != nil {
 		cmd.Close()
@@ -246,10 +263,12 @@ func NewWithClientOption(opt rueidis.ClientOption, opts ...Options) (*Locker, er
 	}
 	w.clients = []rueidis.Client{watch}
 	w.piggyback = watch.Mode() != rueidis.ClientModeCluster
+	watchClient = watch
 	all := []rueidis.Client{cmd, watch}
 	return &Locker{
 		core:   rediscore.NewNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, o),
 		w:      w,
+		hold:   w.hold,
 		opts:   o,
 		closed: make(chan struct{}),
 	}, nil
@@ -301,7 +320,7 @@ func (c *config) clientOption(addrs []string, w *cscWaiter) rueidis.ClientOption
 func newClient(opt rueidis.ClientOption, addr string) (rueidis.Client, error) {
 	cl, err := rueidis.NewClient(opt)
 	if err != nil {
-		return nil, fmt.Errorf("rueidis: connect to %s: %w", addr, describe(err))
+		return nil, rediscore.AsUnavailable(fmt.Errorf("rueidis: connect to %s: %w", addr, describe(err)))
 	}
 	return cl, nil
 }
@@ -343,11 +362,41 @@ func checkMaster(cl rueidis.Client, addr string, c *config) error {
 	defer cancel()
 	arr, err := cl.Do(ctx, cl.B().Role().Build()).ToArray()
 	if err != nil {
-		return fmt.Errorf("rueidis: %s: ROLE: %w", addr, describe(err))
+		return rediscore.MarkUnavailable(fmt.Errorf("rueidis: %s: ROLE: %w", addr, describe(err)))
 	}
 	if len(arr) > 0 {
 		if role, _ := arr[0].ToString(); role != "master" {
 			return fmt.Errorf("rueidis: %s is a replica (ROLE %s), not a master: locks written there are lost or refused; point the URL at the master, use sentinel_master, or set allow_replica=true: %w", addr, role, driver.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// checkEviction refuses a deployment whose maxmemory-policy can evict lock
+// keys unless allow_eviction=true (rediscore.CheckEviction): on a Cluster
+// every node, replicas included (one is promoted on a failover with the
+// policy it has); on Sentinel the master; else the one server.
+func checkEviction(cl rueidis.Client, addr string, c *config) error {
+	if c.AllowEviction {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout)
+	defer cancel()
+	if !c.Cluster {
+		if c.SentinelMaster != "" {
+			addr = "sentinel master " + c.SentinelMaster
+		}
+		return rediscore.CheckEviction(ctx, "rueidis", addr, false, doFunc(cl))
+	}
+	nodes := cl.Nodes()
+	addrs := make([]string, 0, len(nodes))
+	for a := range nodes {
+		addrs = append(addrs, a)
+	}
+	slices.Sort(addrs)
+	for _, a := range addrs {
+		if err := rediscore.CheckEviction(ctx, "rueidis", a, false, doFunc(nodes[a])); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -375,7 +424,13 @@ func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 // wakes their waiters. It returns driver.ErrNotHeld if owner does not hold
 // key.
 func (l *Locker) Release(ctx context.Context, key, owner string) error {
-	return l.core.Release(ctx, key, owner)
+	if l.hold == nil {
+		return l.core.Release(ctx, key, owner)
+	}
+	done := l.hold.Releasing(key, owner)
+	err := l.core.Release(ctx, key, owner)
+	done(err)
+	return err
 }
 
 // Inspect implements driver.Inspector; it returns driver.ErrNotHeld if key
@@ -422,6 +477,9 @@ func (l *Locker) Close() error {
 	var err error
 	l.once.Do(func() {
 		close(l.closed)
+		if l.hold != nil {
+			l.hold.Close()
+		}
 		err = l.core.Close()
 		l.w.shut()
 	})

@@ -45,7 +45,7 @@ func (m *master) get() (rueidis.Client, error) {
 		m.wg.Add(1)
 		go m.dial()
 	}
-	return nil, fmt.Errorf("rueidis: %s: not connected (redialling): %w", m.addr, m.err)
+	return nil, rediscore.AsUnavailable(fmt.Errorf("rueidis: %s: not connected (redialling): %w", m.addr, m.err))
 }
 
 // current returns the client if connected, else nil (without dialling).
@@ -59,7 +59,10 @@ func (m *master) current() rueidis.Client {
 func (m *master) connect() error {
 	cl, err := newClient(m.opt, m.addr)
 	if err == nil {
-		if err = checkMaster(cl, m.addr, m.cfg); err != nil {
+		if err = checkMaster(cl, m.addr, m.cfg); err == nil {
+			err = checkEviction(cl, m.addr, m.cfg)
+		}
+		if err != nil {
 			cl.Close()
 		}
 	}
@@ -77,7 +80,10 @@ func (m *master) dial() {
 	defer m.wg.Done()
 	cl, err := newClient(m.opt, m.addr)
 	if err == nil {
-		if err = checkMaster(cl, m.addr, m.cfg); err != nil {
+		if err = checkMaster(cl, m.addr, m.cfg); err == nil {
+			err = checkEviction(cl, m.addr, m.cfg)
+		}
+		if err != nil {
 			cl.Close()
 			cl = nil
 		}
@@ -109,9 +115,9 @@ func (m *master) close() {
 }
 
 // fatal reports a connection error that retrying will not cure: a
-// rejected password, a replica, a bad setting.
+// rejected password, a replica, an evicting server, a bad setting.
 func fatal(err error) bool {
-	return errors.Is(err, errAuth) || errors.Is(err, driver.ErrInvalid)
+	return errors.Is(err, errAuth) || errors.Is(err, driver.ErrInvalid) || errors.Is(err, rediscore.ErrEvictionPolicy)
 }
 
 // openRedlock connects to every master in parallel and needs a quorum.
@@ -140,7 +146,7 @@ func openRedlock(c *config, w *cscWaiter) (*Locker, error) {
 	}
 	if q := len(ms)/2 + 1; up < q {
 		closeAll()
-		return nil, fmt.Errorf("rueidis: Redlock: %d of %d masters answered, quorum %d: %w", up, len(ms), q, errors.Join(errs...))
+		return nil, rediscore.AsUnavailable(fmt.Errorf("rueidis: Redlock: %d of %d masters answered, quorum %d: %w", up, len(ms), q, errors.Join(errs...)))
 	}
 	conns := make([]rediscore.Conn, len(ms))
 	for i, m := range ms {

@@ -61,6 +61,8 @@ type cscWaiter struct {
 	// piggyback: acquire attempts re-arm the watch (one node, not a
 	// Cluster), so the re-arming read is deferred by rearmGrace.
 	piggyback bool
+	// hold, when set, also gets every invalidation (hold watching).
+	hold *rediscore.HoldWatch
 
 	mu     sync.Mutex
 	keys   map[string]*watch // lock keys with local subscribers
@@ -155,6 +157,19 @@ func (w *cscWaiter) wantsArm(lock string) (done func(ok bool), want bool) {
 // lost (or the server flushed everything): every watch is woken and
 // re-armed.
 func (w *cscWaiter) onInvalidations(msgs []rueidis.RedisMessage) {
+	if w.hold != nil {
+		if msgs == nil {
+			w.hold.Reset()
+		} else {
+			keys := make([]string, 0, len(msgs))
+			for i := range msgs {
+				if k, err := msgs[i].ToString(); err == nil {
+					keys = append(keys, k)
+				}
+			}
+			w.hold.Invalidate(keys...)
+		}
+	}
 	var woken []string
 	w.mu.Lock()
 	if w.closed || len(w.keys) == 0 {

@@ -19,6 +19,20 @@
 // channel, which is what pub/sub waiters listen to; its DEL also triggers
 // client-side-caching invalidations.
 //
+// # An acquire abandoned mid-call
+//
+// When the caller's ctx ends while an acquire is on the wire, the script
+// runs on regardless and the caller returns at once. The reply is awaited in
+// the background, and a grant the attempt created is deleted by its token
+// (CleanupScript); AcquireScript reports whether it created the grant or
+// found owner already holding it, so a lock owner held before the attempt
+// (the same owner through another Locker: a WithOwner hand-over) is never
+// freed. When the reply is lost too, nothing is deleted on a single
+// deployment (the grant, if any, expires at its TTL); Redlock releases the
+// unknown nodes by owner only when the other nodes prove owner did not hold
+// a quorum before. TestNodeAbandonedAcquireKeepsPriorLock,
+// TestRedlockAbandonedAcquireKeepsPriorLock.
+//
 // # Fencing tokens
 //
 // token = max(counter+1, server TIME in microseconds), written back to the

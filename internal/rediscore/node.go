@@ -22,6 +22,10 @@ type Node struct {
 	o      Options
 	closed atomic.Bool
 	retMS  string
+
+	// abandoned, when set (tests), is called with the outcome of an
+	// acquire whose caller gave up, once the clean-up is done.
+	abandoned func(grant)
 }
 
 // NewNode returns a Node over c. Zero fields of o take their defaults; o is
@@ -109,7 +113,7 @@ func (n *Node) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 	if err := n.check(ctx, key, owner, ttl, true, true); err != nil {
 		return 0, err
 	}
-	lock, counter, _ := Keys(n.o.Prefix, key)
+	lock, counter, ch := Keys(n.o.Prefix, key)
 	keys := []string{lock, counter}
 	ms := ttlMS(n.Capabilities(), ttl)
 	var (
@@ -120,26 +124,36 @@ func (n *Node) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		r, err = n.c.Run(ctx, AcquireScript, keys, owner, ms, n.retMS)
 	} else {
 		// Run the script detached from ctx's cancellation so that, if ctx
-		// ends first, we learn the outcome and release a grant nobody will
-		// use: a cancelled acquire leaves nothing behind.
+		// ends first, we learn the outcome and delete a grant nobody will
+		// use. Only a grant this call created is deleted, by its token: a
+		// lock owner held before the call (another Locker with the same
+		// owner, a WithOwner hand-over) stays held. When the reply is lost
+		// too, the outcome is unknown and nothing is deleted: a grant the
+		// call may have made expires at its TTL, while deleting by owner
+		// could free a lock held before the call.
 		type reply struct {
 			v   any
 			err error
 		}
-		ch := make(chan reply, 1)
+		rc := make(chan reply, 1)
 		go func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.detachedTimeout())
 			defer cancel()
 			v, err := n.c.Run(rctx, AcquireScript, keys, owner, ms, n.retMS)
-			ch <- reply{v, err}
+			rc <- reply{v, err}
 		}()
 		select {
-		case x := <-ch:
+		case x := <-rc:
 			r, err = x.v, x.err
 		case <-ctx.Done():
 			go func() {
-				if x := <-ch; x.err != nil || isToken(x.v) {
-					n.cleanup(lock, owner)
+				x := <-rc
+				g := parseGrant(x.v, x.err)
+				if g.kind == grantCreated {
+					n.cleanup(lock, ch, owner, g.token)
+				}
+				if n.abandoned != nil {
+					n.abandoned(g)
 				}
 			}()
 			return 0, fmt.Errorf("redis: acquire: %w", ctx.Err())
@@ -148,22 +162,70 @@ func (n *Node) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 	if err != nil {
 		return 0, ctxErr(ctx, "acquire", err)
 	}
-	if pttl, ok := r.(int64); ok {
-		return 0, &driver.HeldError{Remaining: time.Duration(pttl) * time.Millisecond}
+	g := parseGrant(r, nil)
+	switch g.kind {
+	case grantHeld:
+		return 0, &driver.HeldError{Remaining: g.pttl}
+	case grantCreated, grantExisting:
+		return g.token, nil
 	}
-	return parseToken(r)
+	return 0, g.err
 }
 
-func isToken(v any) bool { _, ok := v.(string); return ok }
+// grantKind classifies an AcquireScript reply.
+type grantKind int
+
+const (
+	grantUnknown  grantKind = iota // no reply, an error or a malformed reply
+	grantCreated                   // this call made a new grant
+	grantExisting                  // owner already held the lock; nothing created
+	grantHeld                      // another owner holds the lock
+)
+
+// grant is a parsed AcquireScript reply.
+type grant struct {
+	kind  grantKind
+	token uint64        // grantCreated, grantExisting
+	pttl  time.Duration // grantHeld
+	err   error         // grantUnknown
+}
+
+// parseGrant parses an AcquireScript reply (see its doc) or the call's
+// error.
+func parseGrant(v any, err error) grant {
+	if err != nil {
+		return grant{err: err}
+	}
+	switch x := v.(type) {
+	case int64:
+		return grant{kind: grantHeld, pttl: time.Duration(x) * time.Millisecond}
+	case string:
+		t, err := parseToken(x)
+		if err != nil {
+			return grant{err: err}
+		}
+		return grant{kind: grantCreated, token: t}
+	case []any:
+		if len(x) == 1 {
+			t, err := parseToken(x[0])
+			if err != nil {
+				return grant{err: err}
+			}
+			return grant{kind: grantExisting, token: t}
+		}
+	}
+	return grant{err: fmt.Errorf("redis: acquire: unexpected reply %v", v)}
+}
 
 // detachedTimeout bounds a call that outlives its caller's ctx.
 func (n *Node) detachedTimeout() time.Duration { return max(n.o.NodeTimeout, 10*time.Second) }
 
-// cleanup releases owner's lock after an acquire whose caller gave up.
-func (n *Node) cleanup(lock, owner string) {
+// cleanup deletes the grant of lock to owner with token, made by an
+// acquire whose caller gave up (CleanupScript: nothing else is deleted).
+func (n *Node) cleanup(lock, ch, owner string, token uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), n.detachedTimeout())
 	defer cancel()
-	_, _ = n.c.Run(ctx, ReleaseScript, []string{lock}, owner, lock)
+	_, _ = n.c.Run(ctx, CleanupScript, []string{lock}, owner, ch, strconv.FormatUint(token, 10))
 }
 
 // run calls c.Run (c.Ping if s is nil) and returns promptly once ctx is done, even if the

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,8 +26,8 @@ import (
 //     bounded by NodeTimeout. It needs a quorum of N/2+1 grants, and the
 //     grant is valid only if ttl - elapsed - (ttl*DriftFactor + 2ms) > 0
 //     once it is complete (token write-back included).
-//   - On failure it releases on every node, including those that seemed to
-//     fail (their reply may have been lost), and returns a *HeldError whose
+//   - On failure it deletes the grants it created (see cleanup: never a
+//     lock owner held before the attempt), and returns a *HeldError whose
 //     Remaining is when the holders' quorum expires, or, after a split vote,
 //     a random delay in [1ms, NodeTimeout]: the caller's retry is jittered.
 //   - Refresh succeeds only when it lands on a quorum; Release releases on
@@ -49,6 +50,10 @@ type Redlock struct {
 	q      int
 	closed atomic.Bool
 	retMS  string
+
+	// abandoned, when set (tests), is called with the per-node outcomes of
+	// an acquire whose ctx ended mid-round, once the clean-up is done.
+	abandoned func([]grant)
 }
 
 // NewRedlock returns a Redlock over conns (N >= 2 independent masters;
@@ -165,49 +170,57 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 	}
 	start := time.Now()
 	ttl = r.Capabilities().RoundTTL(ttl)
-	lock, counter, _ := Keys(r.o.Prefix, key)
+	lock, counter, ch := Keys(r.o.Prefix, key)
 	keys := []string{lock, counter}
 	ms := strconv.FormatInt(ttl.Milliseconds(), 10)
+	n := len(r.conns)
+	grants := make([]grant, n) // grantUnknown for nodes not asked
 	// The gate: every contender for key first tries the same node (by a
 	// hash of key). Losers stop there, so concurrent contenders do not
 	// split the vote and exactly one of them wins; only the gate's winner
 	// (or everyone, when the gate does not answer) goes on to the others.
 	gate := r.gate(key)
-	g := r.eachOne(ctx, gate, AcquireScript, keys, owner, ms, r.retMS)
-	if pttl, ok := g.v.(int64); ok && g.err == nil {
-		return 0, &driver.HeldError{Remaining: max(time.Duration(pttl)*time.Millisecond, 0) + r.jitter()}
-	}
-	if ctx.Err() != nil {
-		r.releaseAll(ctx, lock, owner)
+	res := make([]result, n)
+	if finish := r.acquireRound(ctx, []int{gate}, res, keys, owner, ms, r.retMS); finish != nil {
+		go r.abandon(ctx, finish, res, lock, ch, owner)
 		return 0, fmt.Errorf("redis: redlock acquire: %w", ctx.Err())
 	}
-	res := r.eachExcept(ctx, gate, AcquireScript, keys, owner, ms, r.retMS)
-	res[gate] = g
+	grants[gate] = parseGrant(res[gate].v, res[gate].err)
+	if grants[gate].kind == grantHeld {
+		return 0, &driver.HeldError{Remaining: max(grants[gate].pttl, 0) + r.jitter()}
+	}
+	others := make([]int, 0, n-1)
+	for i := range n {
+		if i != gate {
+			others = append(others, i)
+		}
+	}
+	if finish := r.acquireRound(ctx, others, res, keys, owner, ms, r.retMS); finish != nil {
+		go r.abandon(ctx, finish, res, lock, ch, owner)
+		return 0, fmt.Errorf("redis: redlock acquire: %w", ctx.Err())
+	}
 	var (
-		granted  []int
+		granted  int
 		held     []time.Duration
 		failed   int
 		maxToken uint64
 	)
 	for i, x := range res {
-		switch v := x.v.(type) {
-		case nil:
+		grants[i] = parseGrant(x.v, x.err)
+		switch gr := grants[i]; gr.kind {
+		case grantUnknown:
 			failed++
-		case int64:
-			held = append(held, time.Duration(v)*time.Millisecond)
-		default:
-			t, err := parseToken(v)
-			if err != nil {
-				res[i].err = err
-				failed++
-				continue
+			if res[i].err == nil {
+				res[i].err = gr.err
 			}
-			granted = append(granted, i)
-			maxToken = max(maxToken, t)
+		case grantHeld:
+			held = append(held, gr.pttl)
+		default:
+			granted++
+			maxToken = max(maxToken, gr.token)
 		}
 	}
-	n := len(r.conns)
-	if len(granted) >= r.q && ctx.Err() == nil {
+	if granted >= r.q && ctx.Err() == nil {
 		// Write the grant's token back to the granting nodes.
 		tok := strconv.FormatUint(maxToken, 10)
 		cpx := strconv.FormatInt((ttl + r.o.TokenRetention).Milliseconds(), 10)
@@ -223,20 +236,22 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 		if fenced >= r.q && validity > 0 && ctx.Err() == nil {
 			return maxToken, nil
 		}
-		r.releaseAll(ctx, lock, owner)
 		if err := ctx.Err(); err != nil {
+			go r.cleanup(ctx, lock, ch, owner, grants, maxToken)
 			return 0, fmt.Errorf("redis: redlock acquire: %w", err)
 		}
+		r.cleanup(ctx, lock, ch, owner, grants, maxToken)
 		if fenced < r.q {
-			return 0, fmt.Errorf("redis: redlock acquire: token write-back reached %d of %d nodes (quorum %d): %v", fenced, n, r.q, firstErr(fres))
+			return 0, fmt.Errorf("redis: redlock acquire: token write-back reached %d of %d nodes (quorum %d): %w: %v", fenced, n, r.q, driver.ErrUnavailable, firstErr(fres))
 		}
 		return 0, &driver.HeldError{Remaining: r.jitter()}
 	}
-	// No quorum: release everywhere, including the nodes that failed.
-	r.releaseAll(ctx, lock, owner)
+	// No quorum: delete what this attempt created.
 	if err := ctx.Err(); err != nil {
+		go r.cleanup(ctx, lock, ch, owner, grants, 0)
 		return 0, fmt.Errorf("redis: redlock acquire: %w", err)
 	}
+	r.cleanup(ctx, lock, ch, owner, grants, 0)
 	if len(held) >= n-r.q+1 {
 		// Other owners hold a quorum: wait until enough of them expire
 		// that the rest of the nodes form a quorum.
@@ -249,27 +264,128 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 		return 0, &driver.HeldError{Remaining: rem + r.jitter()}
 	}
 	if failed >= n-r.q+1 {
-		return 0, fmt.Errorf("redis: redlock acquire: no quorum: %d of %d nodes granted, %d held by another owner, %d failed (quorum %d): %w",
-			len(granted), n, len(held), failed, r.q, firstErr(res))
+		return 0, AsUnavailable(fmt.Errorf("redis: redlock acquire: no quorum: %d of %d nodes granted, %d held by another owner, %d failed (quorum %d): %w",
+			granted, n, len(held), failed, r.q, firstErr(res)))
 	}
 	// Split vote between contenders: retry after a random delay.
 	return 0, &driver.HeldError{Remaining: r.jitter()}
 }
 
-// eachOne runs s on node i, bounded by NodeTimeout.
-func (r *Redlock) eachOne(ctx context.Context, i int, s *Script, keys []string, args ...string) result {
-	ctx, cancel := context.WithTimeout(ctx, r.o.NodeTimeout)
+// cleanup undoes a failed or abandoned acquire, even if ctx is done, without
+// ever freeing a lock owner held before the attempt:
+//
+//   - a node where the attempt created a grant: that grant is deleted, by
+//     its token (as minted, or fenced, the write-back's token, when nonzero),
+//     with CleanupScript;
+//   - a node that reported owner already held the lock there: untouched;
+//   - a node whose outcome is unknown (no answer, or not asked): owner's
+//     lock there is released (its reply may have been lost) only when the
+//     attempt proves owner did not hold a quorum before it, that is, no node
+//     reported an existing grant and fewer than a quorum are unknown.
+//     Otherwise it is left to expire at its TTL.
+func (r *Redlock) cleanup(ctx context.Context, lock, ch, owner string, grants []grant, fenced uint64) {
+	existing, unknown := 0, 0
+	for _, g := range grants {
+		switch g.kind {
+		case grantExisting:
+			existing++
+		case grantUnknown:
+			unknown++
+		}
+	}
+	heldBefore := existing > 0 || unknown >= r.q
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.o.NodeTimeout)
 	defer cancel()
-	ch := make(chan result, 1)
-	go func() {
-		v, err := r.conns[i].Run(ctx, s, keys, args...)
-		ch <- result{v, err}
-	}()
-	select {
-	case x := <-ch:
-		return x
-	case <-ctx.Done():
-		return result{err: fmt.Errorf("node %d: no answer within node_timeout %v: %w", i, r.o.NodeTimeout, ctx.Err())}
+	var wg sync.WaitGroup
+	for i, g := range grants {
+		var (
+			s    *Script
+			args []string
+		)
+		switch {
+		case g.kind == grantCreated:
+			s, args = CleanupScript, []string{owner, ch, strconv.FormatUint(g.token, 10)}
+			if fenced != 0 && fenced != g.token {
+				args = append(args, strconv.FormatUint(fenced, 10))
+			}
+		case g.kind == grantUnknown && !heldBefore:
+			s, args = ReleaseScript, []string{owner, ch}
+		default:
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = r.conns[i].Run(ctx, s, []string{lock}, args...)
+		}()
+	}
+	wg.Wait()
+}
+
+// acquireRound runs AcquireScript on nodes in parallel, detached from
+// ctx's cancellation and bounded by NodeTimeout, and stores each reply in
+// res (a node that did not answer within NodeTimeout gets an error). It
+// returns nil once every node answered or timed out. If ctx ends first it
+// returns at once with finish, which waits for the remaining replies and
+// stores them: an attempt abandoned mid-call still learns what it created
+// (see abandon). res must not be read meanwhile.
+func (r *Redlock) acquireRound(ctx context.Context, nodes []int, res []result, keys []string, args ...string) (finish func()) {
+	type msg struct {
+		i int
+		result
+	}
+	ch := make(chan msg, len(nodes))
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.o.NodeTimeout)
+	for _, i := range nodes {
+		res[i] = result{err: errNoAnswer}
+		go func() {
+			v, err := r.conns[i].Run(dctx, AcquireScript, keys, args...)
+			ch <- msg{i, result{v, err}}
+		}()
+	}
+	pending := len(nodes)
+	for pending > 0 {
+		select {
+		case m := <-ch:
+			res[m.i] = m.result
+			pending--
+		case <-dctx.Done():
+			for _, i := range nodes {
+				if res[i].err == errNoAnswer {
+					res[i].err = fmt.Errorf("node %d: no answer within node_timeout %v: %w", i, r.o.NodeTimeout, dctx.Err())
+				}
+			}
+			cancel()
+			return nil
+		case <-ctx.Done():
+			return func() {
+				defer cancel()
+				for ; pending > 0; pending-- {
+					select {
+					case m := <-ch:
+						res[m.i] = m.result
+					case <-dctx.Done():
+						return
+					}
+				}
+			}
+		}
+	}
+	cancel()
+	return nil
+}
+
+// abandon finishes an acquire whose ctx ended mid-round: it waits for the
+// round's replies, then deletes the grants the attempt created (cleanup).
+func (r *Redlock) abandon(ctx context.Context, finish func(), res []result, lock, ch, owner string) {
+	finish()
+	grants := make([]grant, len(res))
+	for i, x := range res {
+		grants[i] = parseGrant(x.v, x.err)
+	}
+	r.cleanup(ctx, lock, ch, owner, grants, 0)
+	if r.abandoned != nil {
+		r.abandoned(grants)
 	}
 }
 
@@ -287,11 +403,6 @@ func fnv32(s string) uint32 {
 
 func (r *Redlock) jitter() time.Duration {
 	return time.Millisecond + rand.N(r.o.NodeTimeout)
-}
-
-// releaseAll releases owner's lock on every node, even if ctx is done.
-func (r *Redlock) releaseAll(ctx context.Context, lock, owner string) {
-	r.each(context.WithoutCancel(ctx), ReleaseScript, []string{lock}, owner, lock)
 }
 
 // Refresh implements driver.Locker: RefreshScript on every node; it succeeds
@@ -324,7 +435,7 @@ func (r *Redlock) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	case notHeld >= n-r.q+1:
 		return fmt.Errorf("redis: redlock refresh: held on %d of %d nodes: %w", ok, n, driver.ErrNotHeld)
 	}
-	return fmt.Errorf("redis: redlock refresh: reached %d of %d nodes (quorum %d): %w", ok, n, r.q, firstErr(res))
+	return AsUnavailable(fmt.Errorf("redis: redlock refresh: reached %d of %d nodes (quorum %d): %w", ok, n, r.q, firstErr(res)))
 }
 
 // Release implements driver.Locker: ReleaseScript on every node. It
@@ -358,8 +469,8 @@ func (r *Redlock) Release(ctx context.Context, key, owner string) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("redis: redlock release: %w", ctx.Err())
 	case released+failed >= r.q:
-		return fmt.Errorf("redis: redlock release: released on %d, %d of %d nodes failed (quorum %d): %w",
-			released, failed, len(r.conns), r.q, firstErr(res))
+		return AsUnavailable(fmt.Errorf("redis: redlock release: released on %d, %d of %d nodes failed (quorum %d): %w",
+			released, failed, len(r.conns), r.q, firstErr(res)))
 	}
 	return fmt.Errorf("redis: redlock release: held on %d of %d nodes (quorum %d): %w",
 		released, len(r.conns), r.q, driver.ErrNotHeld)
@@ -448,7 +559,7 @@ func (r *Redlock) Ping(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("redis: redlock ping: %w", ctx.Err())
 	}
-	return fmt.Errorf("redis: redlock ping: %d of %d nodes answered (quorum %d): %w", ok, len(r.conns), r.q, first)
+	return AsUnavailable(fmt.Errorf("redis: redlock ping: %d of %d nodes answered (quorum %d): %w", ok, len(r.conns), r.q, first))
 }
 
 // Close closes every Conn. It is idempotent; later calls of every method

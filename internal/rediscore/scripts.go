@@ -30,9 +30,12 @@ func newScript(name, src string) *Script {
 //	KEYS[1] lock key, KEYS[2] token counter key (same hash slot)
 //	ARGV[1] owner, ARGV[2] ttl in ms, ARGV[3] counter retention in ms
 //
-// Reply: a bulk string holding the decimal token when the lock is granted
-// (or already held by owner: then the PX is reset and the same token comes
-// back), or an integer, the holder's PTTL in ms, when another owner holds it.
+// Reply: a bulk string holding the decimal token when this call made a new
+// grant; a one-element array {token} when owner already held the lock (the
+// PX is reset and the same token comes back: the call created nothing); or
+// an integer, the holder's PTTL in ms, when another owner holds it. The two
+// grant shapes let a caller that gave up mid-call clean up only a grant it
+// created (see CleanupScript).
 //
 // The token is max(counter+1, server TIME in microseconds). The counter is
 // written with PX = ttl + retention, so counters of idle keys disappear; the
@@ -45,7 +48,7 @@ if v then
   local i = string.find(v, ':', 1, true)
   if i and string.sub(v, i + 1) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return string.sub(v, 1, i - 1)
+    return {string.sub(v, 1, i - 1)}
   end
   return redis.call('PTTL', KEYS[1])
 end
@@ -91,6 +94,28 @@ local v = redis.call('GET', KEYS[1])
 if v then
   local i = string.find(v, ':', 1, true)
   if i and string.sub(v, i + 1) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    redis.call('PUBLISH', ARGV[2], '1')
+    return 1
+  end
+end
+return 0
+`)
+
+// CleanupScript deletes a grant that an abandoned Acquire created: only
+// while the key still holds exactly that grant (owner and one of the given
+// tokens), so a lock owner held before the attempt, or took again since, is
+// never freed. It publishes on the key's channel like ReleaseScript.
+//
+//	KEYS[1] lock key
+//	ARGV[1] owner, ARGV[2] channel, ARGV[3..] candidate tokens (decimal)
+//
+// Reply: 1 when deleted, 0 otherwise.
+var CleanupScript = newScript("cleanup", `
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+for i = 3, #ARGV do
+  if v == ARGV[i] .. ':' .. ARGV[1] then
     redis.call('DEL', KEYS[1])
     redis.call('PUBLISH', ARGV[2], '1')
     return 1

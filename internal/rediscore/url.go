@@ -18,8 +18,8 @@ import (
 //	scheme://[[username]:password@]host[:port][,host[:port]...][/db][?param=value&...]
 //
 // with the query parameters cluster, sentinel_master, sentinel_username,
-// sentinel_password, insecure_skip_verify, allow_replica, client_name,
-// dial_timeout and those of ParseOptions. How TLS is switched on, and any
+// sentinel_password, insecure_skip_verify, allow_replica, allow_eviction,
+// client_name, dial_timeout and those of ParseOptions. How TLS is switched on, and any
 // further parameters, are the driver's (see URLSpec).
 type URL struct {
 	Scheme           string
@@ -34,9 +34,12 @@ type URL struct {
 	TLS              bool // set by URLSpec.TLS
 	InsecureTLS      bool // insecure_skip_verify
 	AllowReplica     bool
-	ClientName       string
-	DialTimeout      time.Duration
-	Options          Options // with defaults applied
+	// AllowEviction (allow_eviction) accepts servers whose maxmemory-policy
+	// can evict lock keys; see CheckEviction.
+	AllowEviction bool
+	ClientName    string
+	DialTimeout   time.Duration
+	Options       Options // with defaults applied
 }
 
 // Mode names the deployment the URL describes: "cluster", "sentinel",
@@ -168,6 +171,7 @@ func ParseURL(raw string, spec URLSpec) (*URL, error) {
 		},
 		func() error { return q.Bool("insecure_skip_verify", &u.InsecureTLS) },
 		func() error { return q.Bool("allow_replica", &u.AllowReplica) },
+		func() error { return q.Bool("allow_eviction", &u.AllowEviction) },
 		func() error { return q.String("client_name", &u.ClientName) },
 		func() error { return q.Duration("dial_timeout", &u.DialTimeout) },
 		func() error {

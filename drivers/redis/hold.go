@@ -1,0 +1,248 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/rediscore"
+)
+
+// invalidateChannel is where the server sends the invalidations of a
+// connection tracking with REDIRECT to a RESP2 subscriber.
+const invalidateChannel = "__redis__:invalidate"
+
+// trackerPing is how often the tracking connection is checked while the
+// tracker runs: a tracking connection that broke and came back has lost
+// its tracked keys, so every watched key is read again.
+const trackerPing = time.Second
+
+var _ driver.HoldWatcher = (*Locker)(nil)
+
+// WatchHold implements driver.HoldWatcher with server-assisted client-side
+// tracking (see the package documentation, "Watching a held lock"):
+// lost is called when key is deleted, evicted, expires or is overwritten
+// by another grant. The Locker's own refreshes are re-read and not
+// reported. Supported on Lockers from Open on a single server or a Sentinel
+// master; other Lockers (Cluster, Redlock, adopted clients) return an error
+// and their locks are watched by renewal alone. Errors: driver.ErrClosed
+// after Close.
+func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (func(), error) {
+	if l.isClosed() {
+		return nil, fmt.Errorf("redis: %w", driver.ErrClosed)
+	}
+	if l.tracker == nil {
+		return nil, errors.New("redis: hold watching needs a Locker from Open on a single server or a Sentinel master")
+	}
+	return l.tracker.hold.Watch(key, owner, token, lost)
+}
+
+// tracker runs the two connections hold watching needs: a RESP2 pub/sub
+// connection subscribed to __redis__:invalidate, and a tracking connection
+// (CLIENT TRACKING ON REDIRECT <the subscriber's id>) on which the watched
+// keys are read. go-redis offers no hook for RESP3 push messages on an
+// idle connection, so the invalidations are redirected to a subscriber,
+// which go-redis reads as ordinary pub/sub messages.
+type tracker struct {
+	newClient func(onConnect func(context.Context, *redis.Conn) error, resp2 bool) *redis.Client
+	hold      *rediscore.HoldWatch
+
+	subID atomic.Int64 // CLIENT ID of the subscriber's current connection
+
+	mu      sync.Mutex
+	started bool
+	ready   chan struct{} // closed once the first SUBSCRIBE is confirmed
+	sub     *redis.Client
+	ps      *redis.PubSub
+	trk     *redis.Client
+	closed  bool
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func newTracker(newClient func(func(context.Context, *redis.Conn) error, bool) *redis.Client, prefix string) *tracker {
+	t := &tracker{newClient: newClient, ready: make(chan struct{}), done: make(chan struct{})}
+	t.hold = rediscore.NewHoldWatch(t.read, prefix)
+	return t
+}
+
+// start opens the subscriber and the receive loop, once.
+func (t *tracker) start() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.started || t.closed {
+		return
+	}
+	t.started = true
+	t.sub = t.newClient(func(ctx context.Context, cn *redis.Conn) error {
+		id, err := cn.ClientID(ctx).Result()
+		if err != nil {
+			return err
+		}
+		t.subID.Store(id)
+		return nil
+	}, true)
+	t.ps = t.sub.Subscribe(context.Background(), invalidateChannel)
+	t.wg.Add(2)
+	go t.receive(t.ps)
+	go t.pinger()
+}
+
+// tracking returns the tracking client, creating it if need be.
+func (t *tracker) tracking() (*redis.Client, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, fmt.Errorf("redis: %w", driver.ErrClosed)
+	}
+	if t.trk == nil {
+		t.trk = t.newTrackingClient()
+	}
+	return t.trk, nil
+}
+
+// newTrackingClient returns a one-connection client whose connections
+// redirect their invalidations to the subscriber. A connection made after
+// the first has lost the tracked keys of the one it replaces, so it makes
+// every watched key be read again.
+func (t *tracker) newTrackingClient() *redis.Client {
+	var conns atomic.Int64
+	return t.newClient(func(ctx context.Context, cn *redis.Conn) error {
+		id := t.subID.Load()
+		if id == 0 {
+			return errors.New("redis: hold watch: invalidation subscriber not connected")
+		}
+		if err := cn.Do(ctx, "CLIENT", "TRACKING", "ON", "REDIRECT", strconv.FormatInt(id, 10)).Err(); err != nil {
+			return err
+		}
+		if conns.Add(1) > 1 {
+			t.hold.Reset()
+		}
+		return nil
+	}, false)
+}
+
+// read is the HoldWatch's reader: GET on the tracking connection, once the
+// subscriber is confirmed.
+func (t *tracker) read(ctx context.Context, lock string) (string, bool, error) {
+	t.start()
+	select {
+	case <-t.ready:
+	case <-ctx.Done():
+		return "", false, ctx.Err()
+	}
+	c, err := t.tracking()
+	if err != nil {
+		return "", false, err
+	}
+	v, err := c.Get(ctx, lock).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", false, nil
+	}
+	return v, err == nil, err
+}
+
+// receive reads the subscriber until close. Each invalidation marks its
+// keys; a flush (no keys) marks every key. When go-redis re-subscribes on a
+// new connection (a new CLIENT ID), the tracking client is replaced, so
+// that it redirects to the new one, and every watched key is read again.
+func (t *tracker) receive(ps *redis.PubSub) {
+	defer t.wg.Done()
+	confirmed := false
+	backoff := 10 * time.Millisecond
+	for {
+		m, err := ps.Receive(context.Background())
+		if err != nil {
+			select {
+			case <-t.done:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 10 * time.Millisecond
+		switch m := m.(type) {
+		case *redis.Subscription:
+			if m.Kind != "subscribe" || m.Channel != invalidateChannel {
+				continue
+			}
+			if !confirmed {
+				confirmed = true
+				close(t.ready)
+				continue
+			}
+			t.mu.Lock()
+			old := t.trk
+			t.trk = nil
+			t.mu.Unlock()
+			if old != nil {
+				old.Close()
+			}
+			t.hold.Reset()
+		case *redis.Message:
+			if m.Channel != invalidateChannel {
+				continue
+			}
+			if len(m.PayloadSlice) == 0 {
+				t.hold.Reset()
+				continue
+			}
+			t.hold.Invalidate(m.PayloadSlice...)
+		}
+	}
+}
+
+// pinger checks the tracking connection every trackerPing, so a broken one
+// is replaced (and the keys re-read) within about that time.
+func (t *tracker) pinger() {
+	defer t.wg.Done()
+	tick := time.NewTicker(trackerPing)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.done:
+			return
+		case <-tick.C:
+		}
+		t.mu.Lock()
+		c := t.trk
+		t.mu.Unlock()
+		if c != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), trackerPing)
+			_ = c.Ping(ctx).Err()
+			cancel()
+		}
+	}
+}
+
+// close ends every watch and closes the tracker's connections.
+func (t *tracker) close() {
+	t.hold.Close()
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	t.closed = true
+	close(t.done)
+	ps, sub, trk := t.ps, t.sub, t.trk
+	t.mu.Unlock()
+	if ps != nil {
+		ps.Close()
+	}
+	t.wg.Wait()
+	if sub != nil {
+		sub.Close()
+	}
+	if trk != nil {
+		trk.Close()
+	}
+}

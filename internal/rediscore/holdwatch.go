@@ -1,0 +1,259 @@
+package rediscore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-locker/locker/driver"
+)
+
+// HoldReader reads a lock key on a connection whose reads the server tracks
+// (CLIENT TRACKING), so that the read also makes the server send an
+// invalidation the next time the key changes: is deleted, expires, is
+// evicted or is written. exists is false for an absent key.
+type HoldReader func(ctx context.Context, lock string) (value string, exists bool, err error)
+
+// holdReadTimeout bounds one re-read of a watched key.
+const holdReadTimeout = 5 * time.Second
+
+// holdRetryMax caps the backoff between failed re-reads: once the server
+// is back, a key it lost (a restart without persistence, a failover) is
+// found gone within about this long.
+const holdRetryMax = 200 * time.Millisecond
+
+// HoldWatch implements the core of driver.HoldWatcher over client-side
+// tracking: each watched lock key is read on a tracking connection, and
+// re-read after each invalidation of it (tracking is one-shot, so the read
+// re-arms it). A read that finds the key absent, or holding another value
+// than the grant's "<token>:<owner>", reports the grant lost. The owner's
+// own refreshes invalidate the key too; their re-read finds the grant and
+// reports nothing. The owner's release through the same Locker is
+// announced first (Releasing), so its deletion is not reported either. A read that fails (the watch connection is down) reports
+// nothing and is retried until it succeeds, the backoff growing from 10ms
+// to 200ms: a lost connection is not a lost lock, and the grant is checked
+// again once the connection is back (see Reset).
+//
+// The driver feeds it: Invalidate with the keys of each invalidation
+// message, Reset when the tracking connection was lost or re-established
+// (every watched key is then re-read).
+type HoldWatch struct {
+	read   HoldReader
+	prefix string
+
+	mu     sync.Mutex
+	keys   map[string]*holdKey
+	closed bool
+	wg     sync.WaitGroup
+}
+
+type holdKey struct {
+	entries map[*holdEntry]struct{}
+	dirty   chan struct{} // buffered 1: a re-read is due
+	stop    chan struct{} // closed when the last entry leaves
+}
+
+type holdEntry struct {
+	key, owner, value string
+	once              sync.Once
+	lost              func(error)
+	releasing         bool // the owner's Release is under way: no alarm
+}
+
+// NewHoldWatch returns a HoldWatch reading with read; prefix is the key
+// prefix (Options.Prefix).
+func NewHoldWatch(read HoldReader, prefix string) *HoldWatch {
+	return &HoldWatch{read: read, prefix: prefix, keys: map[string]*holdKey{}}
+}
+
+// Watch implements driver.HoldWatcher.WatchHold: it starts watching key's
+// grant to owner with token and returns at once; the first read (which arms
+// the tracking) runs in the background. Errors: driver.ErrClosed after
+// Close.
+func (h *HoldWatch) Watch(key, owner string, token uint64, lost func(error)) (stop func(), err error) {
+	lock, _, _ := Keys(h.prefix, key)
+	e := &holdEntry{key: key, owner: owner, value: strconv.FormatUint(token, 10) + ":" + owner, lost: lost}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, fmt.Errorf("redis: %w", driver.ErrClosed)
+	}
+	k := h.keys[lock]
+	if k == nil {
+		k = &holdKey{entries: map[*holdEntry]struct{}{}, dirty: make(chan struct{}, 1), stop: make(chan struct{})}
+		h.keys[lock] = k
+		h.wg.Add(1)
+		go h.loop(lock, k)
+	}
+	k.entries[e] = struct{}{}
+	k.mark()
+	return func() { h.remove(lock, k, e) }, nil
+}
+
+func (k *holdKey) mark() {
+	select {
+	case k.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// remove ends e's watch; the key's loop ends with its last entry.
+func (h *HoldWatch) remove(lock string, k *holdKey, e *holdEntry) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := k.entries[e]; !ok {
+		return
+	}
+	delete(k.entries, e)
+	if len(k.entries) == 0 && h.keys[lock] == k {
+		delete(h.keys, lock)
+		close(k.stop)
+	}
+}
+
+// Invalidate is called with the lock keys of an invalidation message (any
+// key not watched is ignored). It does not block.
+func (h *HoldWatch) Invalidate(keys ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, lock := range keys {
+		if k := h.keys[lock]; k != nil {
+			k.mark()
+		}
+	}
+}
+
+// Reset is called when the tracking connection was lost or replaced:
+// every watched key is read again (which re-arms its tracking). It does not
+// block.
+func (h *HoldWatch) Reset() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, k := range h.keys {
+		k.mark()
+	}
+}
+
+// Releasing is called before owner releases key through the watched
+// Locker: the owner's own release is not a loss, so its watches of key
+// report nothing from now on. done must be called with the release's
+// result: on success, or driver.ErrNotHeld (the lock was gone already, and
+// the release says so), those watches end; on any other error the lock may
+// still be held, and they resume with a fresh read.
+func (h *HoldWatch) Releasing(key, owner string) (done func(err error)) {
+	lock, _, _ := Keys(h.prefix, key)
+	h.mu.Lock()
+	k := h.keys[lock]
+	var es []*holdEntry
+	if k != nil {
+		for e := range k.entries {
+			if e.owner == owner && !e.releasing {
+				e.releasing = true
+				es = append(es, e)
+			}
+		}
+	}
+	h.mu.Unlock()
+	return func(err error) {
+		if len(es) == 0 {
+			return
+		}
+		if err == nil || errors.Is(err, driver.ErrNotHeld) {
+			for _, e := range es {
+				h.remove(lock, k, e)
+			}
+			return
+		}
+		h.mu.Lock()
+		for _, e := range es {
+			e.releasing = false
+		}
+		k.mark()
+		h.mu.Unlock()
+	}
+}
+
+// Close ends every watch without reporting anything and waits for the
+// background reads to return. It is idempotent.
+func (h *HoldWatch) Close() {
+	h.mu.Lock()
+	if !h.closed {
+		h.closed = true
+		for lock, k := range h.keys {
+			delete(h.keys, lock)
+			close(k.stop)
+		}
+	}
+	h.mu.Unlock()
+	h.wg.Wait()
+}
+
+// loop re-reads lock whenever it is marked dirty, until its last entry
+// leaves.
+func (h *HoldWatch) loop(lock string, k *holdKey) {
+	defer h.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-k.stop
+		cancel()
+	}()
+	backoff := 10 * time.Millisecond
+	for {
+		select {
+		case <-k.stop:
+			return
+		case <-k.dirty:
+		}
+		rctx, rcancel := context.WithTimeout(ctx, holdReadTimeout)
+		v, exists, err := h.read(rctx, lock)
+		rcancel()
+		if err != nil {
+			// Not a loss: retry until the connection is back.
+			t := time.NewTimer(backoff)
+			select {
+			case <-k.stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			backoff = min(2*backoff, holdRetryMax)
+			k.mark()
+			continue
+		}
+		backoff = 10 * time.Millisecond
+		h.check(lock, k, v, exists)
+	}
+}
+
+// check reports lost every entry of k whose grant the value read does not
+// show.
+func (h *HoldWatch) check(lock string, k *holdKey, v string, exists bool) {
+	var gone []*holdEntry
+	h.mu.Lock()
+	for e := range k.entries {
+		if e.releasing {
+			continue
+		}
+		if !exists || v != e.value {
+			gone = append(gone, e)
+			delete(k.entries, e)
+		}
+	}
+	if len(k.entries) == 0 && h.keys[lock] == k {
+		delete(h.keys, lock)
+		close(k.stop)
+	}
+	h.mu.Unlock()
+	for _, e := range gone {
+		why := "deleted, evicted or expired"
+		if exists {
+			why = "overwritten by another grant"
+		}
+		err := fmt.Errorf("redis: lock %q %s on the server: %w", e.key, why, driver.ErrNotHeld)
+		e.once.Do(func() { e.lost(err) })
+	}
+}
