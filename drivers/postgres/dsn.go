@@ -21,6 +21,17 @@ const DefaultPoolMaxConns = 256
 const (
 	paramSchema    = "schema"
 	paramNamespace = "namespace"
+	paramMode      = "mode"
+)
+
+// The values of the mode parameter.
+const (
+	// ModeAdvisory (the default) keeps each lock in a session-level
+	// advisory lock on a pinned connection.
+	ModeAdvisory = "advisory"
+	// ModeLease keeps each lock in a row of the lease table; no connection
+	// is pinned (see LeaseLocker).
+	ModeLease = "lease"
 )
 
 // pgxParams are the query parameters pgx and pgxpool consume themselves.
@@ -51,6 +62,8 @@ type config struct {
 	pool      *pgxpool.Config
 	schema    string
 	namespace string
+	mode      string
+	modeSet   bool // mode was given in the URL
 }
 
 // parseDSN splits a postgres:// or postgresql:// URL into our parameters and
@@ -67,7 +80,7 @@ func parseDSN(dsn string) (*config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: malformed query: %w", invalid(err))
 	}
-	c := &config{schema: DefaultSchema, namespace: DefaultNamespace}
+	c := &config{schema: DefaultSchema, namespace: DefaultNamespace, mode: ModeAdvisory}
 	var unknown []string
 	for k, vs := range q {
 		if len(vs) != 1 {
@@ -79,6 +92,12 @@ func parseDSN(dsn string) (*config, error) {
 			delete(q, k)
 		case k == paramNamespace:
 			c.namespace = vs[0]
+			delete(q, k)
+		case k == paramMode:
+			if vs[0] != ModeAdvisory && vs[0] != ModeLease {
+				return nil, fmt.Errorf("postgres: mode %q: want %q or %q: %w", vs[0], ModeAdvisory, ModeLease, driver.ErrInvalid)
+			}
+			c.mode, c.modeSet = vs[0], true
 			delete(q, k)
 		case !pgxParams[k]:
 			unknown = append(unknown, k)

@@ -53,12 +53,27 @@ func init() {
 // Driver is the driver.Driver registered as "postgres" and "postgresql".
 type Driver struct{}
 
-// Open calls the package-level Open with a background context bounded by
-// OpenTimeout.
+// Open calls the package-level Open, or OpenLease for a URL with
+// mode=lease, with a background context bounded by OpenTimeout.
 func (Driver) Open(dsn string) (driver.Locker, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), OpenTimeout)
 	defer cancel()
-	return Open(ctx, dsn)
+	c, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if c.mode == ModeLease {
+		l, err := openLease(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}
+	l, err := openAdvisory(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
 // Option configures New.
@@ -105,10 +120,11 @@ type slot struct {
 // Open connects to the PostgreSQL server named by dsn (see the package
 // documentation for its format), checks the server (not a standby, not
 // behind a pooler, version 14 or later) and creates the schema and token
-// sequence if missing. The pool it creates is closed by Close.
+// sequence if missing. The pool it creates is closed by Close. It opens the
+// advisory mode only: a URL with mode=lease is for OpenLease.
 //
-// Errors wrap driver.ErrInvalid for a malformed URL or an unknown query
-// parameter; driver.ErrUnavailable when the server cannot be reached
+// Errors wrap driver.ErrInvalid for a malformed URL, an unknown query
+// parameter or mode=lease; driver.ErrUnavailable when the server cannot be reached
 // (connection refused or timed out, TLS or authentication failure, no free
 // connection slot, the server starting up or shutting down); ErrStandby,
 // ErrPooler or ErrServerVersion for an unsuitable server; otherwise they
@@ -118,6 +134,13 @@ func Open(ctx context.Context, dsn string) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.mode == ModeLease {
+		return nil, fmt.Errorf("postgres: mode=lease: use OpenLease (or locker.OpenURL), which returns a *LeaseLocker: %w", driver.ErrInvalid)
+	}
+	return openAdvisory(ctx, c)
+}
+
+func openAdvisory(ctx context.Context, c *config) (*Locker, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, c.pool)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", unavailable(err))
@@ -154,11 +177,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Locker, erro
 }
 
 func newLocker(ctx context.Context, pool *pgxpool.Pool, c *config) (*Locker, error) {
-	seq, err := setup(ctx, pool, c.schema, c.namespace)
+	r, err := setup(ctx, pool, c.schema, false)
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{pool: pool, ns: c.namespace, sql: buildStatements(seq), slots: map[string]*slot{}}
+	l := &Locker{pool: pool, ns: c.namespace, sql: buildStatements(r.seq), slots: map[string]*slot{}}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	return l, nil
 }
