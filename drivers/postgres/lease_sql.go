@@ -54,7 +54,8 @@ SELECT coalesce((SELECT array_agg(a.attname || ' ' || format_type(a.atttypid, a.
 	coalesce((SELECT array_agg(a.attname::text) FROM pg_index i
 		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
 		WHERE i.indrelid = $1::regclass AND i.indisprimary), '{}'),
-	has_table_privilege($1, 'SELECT, INSERT, UPDATE, DELETE')`, args...).Scan(&cols, &pk, &usable)
+	has_table_privilege($1, 'SELECT') AND has_table_privilege($1, 'INSERT')
+		AND has_table_privilege($1, 'UPDATE') AND has_table_privilege($1, 'DELETE')`, args...).Scan(&cols, &pk, &usable)
 	if err != nil {
 		return fmt.Errorf("postgres: checking lease table %s: %w", table, unavailable(err))
 	}

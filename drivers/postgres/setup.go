@@ -112,7 +112,7 @@ func setup(ctx context.Context, pool *pgxpool.Pool, schema string, lease bool) (
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
 			return res, fmt.Errorf("postgres: creating %s: %w; as a role with CREATE on the database, run: %s",
-				what, err, setupDDL(schema, seq, res.table))
+				what, err, setupDDL(schema, seq, res.table, pool.Config().ConnConfig.User))
 		}
 		return res, fmt.Errorf("postgres: creating %s: %w", what, unavailable(err))
 	}
@@ -149,12 +149,17 @@ func sequenceDDL(seq string) string {
 }
 
 // setupDDL is what an administrator runs for a role that may not create
-// the driver's objects itself (then also GRANT USAGE on the schema and the
-// sequence, and SELECT, INSERT, UPDATE, DELETE on the table, to the role).
-func setupDDL(schema, seq, table string) string {
-	s := `CREATE SCHEMA IF NOT EXISTS ` + pgx.Identifier{schema}.Sanitize() + `; ` + sequenceDDL(seq) + `;`
+// the driver's objects itself: create them, and grant the role their use.
+func setupDDL(schema, seq, table, role string) string {
+	sch := pgx.Identifier{schema}.Sanitize()
+	r := pgx.Identifier{role}.Sanitize()
+	s := `CREATE SCHEMA IF NOT EXISTS ` + sch + `; ` + sequenceDDL(seq) + `;`
 	if table != "" {
 		s += ` ` + leaseTableDDL(table) + `;`
+	}
+	s += ` GRANT USAGE ON SCHEMA ` + sch + ` TO ` + r + `; GRANT USAGE ON SEQUENCE ` + seq + ` TO ` + r + `;`
+	if table != "" {
+		s += ` GRANT SELECT, INSERT, UPDATE, DELETE ON ` + table + ` TO ` + r + `;`
 	}
 	return s
 }
