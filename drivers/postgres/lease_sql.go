@@ -79,7 +79,7 @@ type leaseStatements struct {
 // durable, evaluated in a statement that writes, makes its commit flush
 // the WAL even where synchronous_commit is off (raising it to "local" for
 // the statement's own transaction): the grant, its token and its expiry
-// must survive a crash. It evaluates to ''.
+// must survive a crash. It evaluates to ”.
 const durable = `left(set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true), 0)`
 
 // The acquire statement: insert the row, or take over the existing one if

@@ -196,3 +196,30 @@ func (s *listener) close() {
 	s.cancel()
 	<-s.done
 }
+
+// pooledLease is a LeaseLocker behind a pooler, without Subscribe: it is
+// what Driver.Open returns there, so that package locker, finding no
+// driver.Waiter, waits on the holder's remaining TTL and its backoff.
+type pooledLease struct{ l *LeaseLocker }
+
+func (p pooledLease) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	return p.l.Acquire(ctx, key, owner, ttl)
+}
+
+func (p pooledLease) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	return p.l.Refresh(ctx, key, owner, ttl)
+}
+
+func (p pooledLease) Release(ctx context.Context, key, owner string) error {
+	return p.l.Release(ctx, key, owner)
+}
+
+func (p pooledLease) Close() error { return p.l.Close() }
+
+func (p pooledLease) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	return p.l.Inspect(ctx, key)
+}
+
+func (p pooledLease) Capabilities() driver.Capabilities { return p.l.Capabilities() }
+
+func (p pooledLease) Ping(ctx context.Context) error { return p.l.Ping(ctx) }

@@ -54,7 +54,9 @@ func init() {
 type Driver struct{}
 
 // Open calls the package-level Open, or OpenLease for a URL with
-// mode=lease, with a background context bounded by OpenTimeout.
+// mode=lease, with a background context bounded by OpenTimeout. Behind a
+// pooler, the lease mode's Locker does not implement driver.Waiter (see
+// ErrListenPooler).
 func (Driver) Open(dsn string) (driver.Locker, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), OpenTimeout)
 	defer cancel()
@@ -66,6 +68,9 @@ func (Driver) Open(dsn string) (driver.Locker, error) {
 		l, err := openLease(ctx, c)
 		if err != nil {
 			return nil, err
+		}
+		if l.pooler {
+			return pooledLease{l}, nil
 		}
 		return l, nil
 	}
