@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/go-locker/locker/driver"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -64,6 +65,10 @@ type config struct {
 	namespace string
 	mode      string
 	modeSet   bool // mode was given in the URL
+
+	// Lease mode's clean-up; zero means LeaseSweepInterval and
+	// LeaseSweepAge.
+	sweepEvery, sweepAge time.Duration
 }
 
 // parseDSN splits a postgres:// or postgresql:// URL into our parameters and

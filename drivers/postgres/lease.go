@@ -126,8 +126,15 @@ func newLeaseLocker(ctx context.Context, pool *pgxpool.Pool, c *config) (*LeaseL
 		l.mode = []any{pgx.QueryExecModeExec}
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
+	every, age := c.sweepEvery, c.sweepAge
+	if every <= 0 {
+		every = LeaseSweepInterval
+	}
+	if age <= 0 {
+		age = LeaseSweepAge
+	}
 	l.bg.Add(1)
-	go l.sweeper(LeaseSweepInterval, LeaseSweepAge)
+	go l.sweeper(every, age)
 	return l, nil
 }
 
