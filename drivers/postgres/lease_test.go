@@ -257,3 +257,57 @@ func TestLeaseSurvivesCrash(t *testing.T) {
 		t.Fatalf("the grant made just before the crash is gone: %d %v", n, err)
 	}
 }
+
+// Lease mode runs one statement per operation: acquire, refresh, release,
+// and a refused acquire (which also reports the holder's remaining TTL),
+// counted with pg_stat_statements.
+func TestLeaseStatementsPerOperation(t *testing.T) {
+	srv := pgtest.Start(t, "shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all")
+	ctx := ctxFor(t, 2*time.Minute)
+	mon, err := pgx.Connect(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mon.Close(ctx)
+	if _, err := mon.Exec(ctx, `CREATE EXTENSION pg_stat_statements`); err != nil {
+		t.Fatal(err)
+	}
+	url := leaseURL(srv.URL())
+	l := locker.New(openLeaseT(t, url))
+	defer l.Close()
+	other := openLeaseT(t, url)
+	statements := func() int64 {
+		var n int64
+		if err := mon.QueryRow(ctx, `SELECT coalesce(sum(calls), 0) FROM pg_stat_statements
+			WHERE query NOT LIKE '%pg_stat_statements%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	reset := func() {
+		if _, err := mon.Exec(ctx, `SELECT pg_stat_statements_reset()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 100
+	reset()
+	for range n {
+		lk, err := l.TryAcquire(ctx, "k", locker.WithTTL(time.Minute), locker.WithAutoRenew(false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lk.Refresh(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		var held *driver.HeldError
+		if _, err := other.Acquire(ctx, "k", "other", time.Minute); !errors.As(err, &held) || held.Remaining <= 0 {
+			t.Fatalf("refused acquire: %v", err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := statements(); got != 4*n {
+		t.Fatalf("%d rounds of acquire, refresh, refused acquire and release ran %d statements, want %d", n, got, 4*n)
+	}
+}
