@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DefaultPoolMaxConns is the pool size Open uses when the URL has no
-// pool_max_conns: every held lock pins one connection, and so does every
-// waiter blocked in the server, so the server's max_connections is usually
+// DefaultPoolMaxConns is the pool size Open and OpenLease use when the URL
+// has no pool_max_conns. In advisory mode every held lock pins one
+// connection, and so does every waiter blocked in the server, so the server's max_connections is usually
 // the real limit (past it, Acquire fails at once with the server's "too many
 // clients" error rather than waiting for a pooled connection).
 const DefaultPoolMaxConns = 256

@@ -15,11 +15,12 @@ import (
 
 // Defaults of the URL parameters and options.
 const (
-	// DefaultSchema is the schema of the token sequence.
+	// DefaultSchema is the schema of the token sequence and the lease
+	// table.
 	DefaultSchema = "public"
 	// DefaultNamespace is hashed with every key (see AdvisoryKey).
 	DefaultNamespace = "locker"
-	// OpenTimeout bounds the connection and setup Open does.
+	// OpenTimeout bounds the connection and setup Driver.Open does.
 	OpenTimeout = 30 * time.Second
 	// SequenceName is the name of the fencing token sequence in the schema.
 	SequenceName = "locker_token_seq"
@@ -84,8 +85,8 @@ func (Driver) Open(dsn string) (driver.Locker, error) {
 // Option configures New.
 type Option func(*config)
 
-// WithSchema sets the schema holding the token sequence (default
-// DefaultSchema). It is created if missing.
+// WithSchema sets the schema holding the token sequence and, in lease
+// mode, the lease table (default DefaultSchema). It is created if missing.
 func WithSchema(schema string) Option { return func(c *config) { c.schema = schema } }
 
 // WithNamespace sets the namespace hashed with every key (default
