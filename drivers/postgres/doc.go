@@ -152,6 +152,16 @@
 // HoldWatcher: a lost lease is learned at the next renewal or the safe
 // deadline, which the server's expiry never precedes.
 //
+// Limits of the lease mode: a lease lost to expiry is learned at the next
+// renewal or by the holder's safe deadline, never sooner (no HoldWatcher);
+// expiry is judged by the server's wall clock, so a step of that clock
+// (not a gradual adjustment) moves every expiry by the step; a takeover
+// draws its token after locking the row, but an insert draws it just
+// before inserting, so a statement stalled in the server between the two
+// for longer than LeaseSweepAge, while the key's old row is swept, could
+// grant a token below one granted meanwhile; tokens are as durable as the
+// sequence (see the advisory mode's limits).
+//
 // # How an advisory lock works
 //
 // Acquire takes a connection from the pool and runs one statement on it:

@@ -85,7 +85,13 @@ const durable = `left(set_config('synchronous_commit', CASE current_setting('syn
 // The acquire statement: insert the row, or take over the existing one if
 // it has expired (by the server's clock) or belongs to the same owner (an
 // idempotent acquire keeps the token of a live grant; every other grant
-// takes a new one from the sequence). If nothing was granted, the second
+// takes a new one from the sequence). A takeover draws its token in the
+// update, once it holds the row's lock: a token drawn before waiting for
+// the lock could be lower than that of a grant made while it waited. An
+// insert draws its token before inserting (VALUES), which is safe as long
+// as no row of the key is deleted in between: the sweep deletes only rows
+// expired for LeaseSweepAge, so a statement would have to stall that long
+// between its two steps. If nothing was granted, the second
 // branch reports how long the holder has left. The row it reads is the one
 // visible when the statement started: a holder that inserted the row while
 // this statement waited for it is not visible, and the statement then
@@ -100,7 +106,7 @@ WITH up AS (
 		clock_timestamp() + $4::bigint * interval '1 millisecond', $4::bigint + length(DURABLE))
 	ON CONFLICT (id) DO UPDATE SET
 		owner = excluded.owner,
-		token = CASE WHEN l.owner = excluded.owner AND l.expires_at > clock_timestamp() THEN l.token ELSE excluded.token END,
+		token = CASE WHEN l.owner = excluded.owner AND l.expires_at > clock_timestamp() THEN l.token ELSE nextval(SEQ::regclass) END,
 		expires_at = excluded.expires_at,
 		ttl_ms = excluded.ttl_ms
 	WHERE l.expires_at <= clock_timestamp() OR l.owner = excluded.owner
