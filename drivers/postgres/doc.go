@@ -46,7 +46,8 @@
 //	connections                     one per held lock and    a pool shared by all locks, plus one
 //	                                per waiting key          listener per Locker: 10,000 locks on
 //	                                (TestTooManyConnections) 8 connections (TestLease10000Locks)
-//	client CPU per renewal          (not measured)           about 85µs (TestLease10000Locks)
+//	client CPU per renewal          (not measured)           about 85µs without -race
+//	                                                         (TestLease10000Locks logs it)
 //	statements                      acquire+release 2,       one per acquire, refresh, release or
 //	                                refresh 1, refused       refused acquire
 //	                                acquire 2                (TestLeaseStatementsPerOperation)
@@ -54,8 +55,10 @@
 //	uncontended acquire+release     1.64× pg_advisory_lock + 1.1× INSERT … ON CONFLICT + DELETE
 //	                                unlock (BenchmarkUncon-  (BenchmarkLeaseUncontendedInterleaved)
 //	                                tendedInterleaved)
-//	handoff to a waiting process    in the server's lock     0.9ms p50 via NOTIFY; 2.2ms through
-//	                                manager                  PgBouncer (BenchmarkLeaseHandoff)
+//	handoff to a waiting process    in the server's lock     0.9ms p50 via NOTIFY; through
+//	                                manager                  PgBouncer 2.2ms after a 5ms hold,
+//	                                                         package locker's retry backoff
+//	                                                         (BenchmarkLeaseHandoff)
 //	storage                         nothing                  one row per key in use, swept once
 //	                                                         expired for LeaseSweepAge
 //	                                                         (TestLeaseSweep); 10,000 keys after
