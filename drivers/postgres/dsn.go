@@ -5,14 +5,15 @@ import (
 	"net/url"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/go-locker/locker/driver"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DefaultPoolMaxConns is the pool size Open uses when the URL has no
-// pool_max_conns: every held lock pins one connection, and so does every
-// waiter blocked in the server, so the server's max_connections is usually
+// DefaultPoolMaxConns is the pool size Open and OpenLease use when the URL
+// has no pool_max_conns. In advisory mode every held lock pins one
+// connection, and so does every waiter blocked in the server, so the server's max_connections is usually
 // the real limit (past it, Acquire fails at once with the server's "too many
 // clients" error rather than waiting for a pooled connection).
 const DefaultPoolMaxConns = 256
@@ -21,6 +22,17 @@ const DefaultPoolMaxConns = 256
 const (
 	paramSchema    = "schema"
 	paramNamespace = "namespace"
+	paramMode      = "mode"
+)
+
+// The values of the mode parameter.
+const (
+	// ModeAdvisory (the default) keeps each lock in a session-level
+	// advisory lock on a pinned connection.
+	ModeAdvisory = "advisory"
+	// ModeLease keeps each lock in a row of the lease table; no connection
+	// is pinned (see LeaseLocker).
+	ModeLease = "lease"
 )
 
 // pgxParams are the query parameters pgx and pgxpool consume themselves.
@@ -51,6 +63,12 @@ type config struct {
 	pool      *pgxpool.Config
 	schema    string
 	namespace string
+	mode      string
+	modeSet   bool // mode was given in the URL
+
+	// Lease mode's clean-up; zero means LeaseSweepInterval and
+	// LeaseSweepAge.
+	sweepEvery, sweepAge time.Duration
 }
 
 // parseDSN splits a postgres:// or postgresql:// URL into our parameters and
@@ -67,7 +85,7 @@ func parseDSN(dsn string) (*config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: malformed query: %w", invalid(err))
 	}
-	c := &config{schema: DefaultSchema, namespace: DefaultNamespace}
+	c := &config{schema: DefaultSchema, namespace: DefaultNamespace, mode: ModeAdvisory}
 	var unknown []string
 	for k, vs := range q {
 		if len(vs) != 1 {
@@ -79,6 +97,12 @@ func parseDSN(dsn string) (*config, error) {
 			delete(q, k)
 		case k == paramNamespace:
 			c.namespace = vs[0]
+			delete(q, k)
+		case k == paramMode:
+			if vs[0] != ModeAdvisory && vs[0] != ModeLease {
+				return nil, fmt.Errorf("postgres: mode %q: want %q or %q: %w", vs[0], ModeAdvisory, ModeLease, driver.ErrInvalid)
+			}
+			c.mode, c.modeSet = vs[0], true
 			delete(q, k)
 		case !pgxParams[k]:
 			unknown = append(unknown, k)

@@ -16,14 +16,15 @@ import (
 // A real network partition between the holder and the server: the
 // holder's session, and so its lock, survives until the TTL has passed
 // since its last statement, on a server configured to give up on silent
-// clients early (keepalive after 1s idle, one probe, 1s apart); the driver
-// raises the session's tcp_user_timeout and tcp_keepalives_idle to the TTL
-// for that. (The same run with those settings left alone also passed here:
-// this kernel did not end the silent session on the server's keepalive
-// within the TTL, so the test shows the outcome, not that the settings
-// were needed for it.) The holder runs in a network namespace the test
-// creates, joined to the server by a veth pair; the partition is a
-// blackhole route on each side. Needs root (ip netns, ip route).
+// clients early: keepalive after 1s idle, one probe, 1s apart, and
+// tcp_user_timeout 1s (unacknowledged data, such as a reply in flight when
+// the partition starts, ends the connection after 1s). The driver raises
+// the session's tcp_user_timeout and tcp_keepalives_idle to the TTL for
+// that; with those statements removed, the server ends the session within
+// about 2s of the partition, before the 4s TTL, and this test fails. The
+// holder runs in a network namespace the test creates, joined to the
+// server by a veth pair; the partition is a blackhole route on each side.
+// Needs root (ip netns, ip route).
 func TestPartitionKeepsSessionForTTL(t *testing.T) {
 	ns := fmt.Sprintf("lkpart%d", os.Getpid()%100000)
 	hostIf, nsIf := "lkh"+ns[6:], "lkn"+ns[6:]
@@ -54,7 +55,7 @@ func TestPartitionKeepsSessionForTTL(t *testing.T) {
 	ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
 
 	srv := pgtest.Start(t, "listen_addresses=127.0.0.1,"+hostIP,
-		"tcp_keepalives_idle=1", "tcp_keepalives_interval=1", "tcp_keepalives_count=1")
+		"tcp_keepalives_idle=1", "tcp_keepalives_interval=1", "tcp_keepalives_count=1", "tcp_user_timeout=1000")
 	ctx := ctxFor(t, 3*time.Minute)
 	hba := filepath.Join(srv.DataDir(), "pg_hba.conf")
 	f, err := os.OpenFile(hba, os.O_APPEND|os.O_WRONLY, 0)

@@ -15,11 +15,12 @@ import (
 
 // Defaults of the URL parameters and options.
 const (
-	// DefaultSchema is the schema of the token sequence.
+	// DefaultSchema is the schema of the token sequence and the lease
+	// table.
 	DefaultSchema = "public"
 	// DefaultNamespace is hashed with every key (see AdvisoryKey).
 	DefaultNamespace = "locker"
-	// OpenTimeout bounds the connection and setup Open does.
+	// OpenTimeout bounds the connection and setup Driver.Open does.
 	OpenTimeout = 30 * time.Second
 	// SequenceName is the name of the fencing token sequence in the schema.
 	SequenceName = "locker_token_seq"
@@ -53,19 +54,39 @@ func init() {
 // Driver is the driver.Driver registered as "postgres" and "postgresql".
 type Driver struct{}
 
-// Open calls the package-level Open with a background context bounded by
-// OpenTimeout.
+// Open calls the package-level Open, or OpenLease for a URL with
+// mode=lease, with a background context bounded by OpenTimeout. Behind a
+// pooler, the lease mode's Locker does not implement driver.Waiter (see
+// ErrListenPooler).
 func (Driver) Open(dsn string) (driver.Locker, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), OpenTimeout)
 	defer cancel()
-	return Open(ctx, dsn)
+	c, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if c.mode == ModeLease {
+		l, err := openLease(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		if l.pooler {
+			return pooledLease{l}, nil
+		}
+		return l, nil
+	}
+	l, err := openAdvisory(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
 // Option configures New.
 type Option func(*config)
 
-// WithSchema sets the schema holding the token sequence (default
-// DefaultSchema). It is created if missing.
+// WithSchema sets the schema holding the token sequence and, in lease
+// mode, the lease table (default DefaultSchema). It is created if missing.
 func WithSchema(schema string) Option { return func(c *config) { c.schema = schema } }
 
 // WithNamespace sets the namespace hashed with every key (default
@@ -105,10 +126,11 @@ type slot struct {
 // Open connects to the PostgreSQL server named by dsn (see the package
 // documentation for its format), checks the server (not a standby, not
 // behind a pooler, version 14 or later) and creates the schema and token
-// sequence if missing. The pool it creates is closed by Close.
+// sequence if missing. The pool it creates is closed by Close. It opens the
+// advisory mode only: a URL with mode=lease is for OpenLease.
 //
-// Errors wrap driver.ErrInvalid for a malformed URL or an unknown query
-// parameter; driver.ErrUnavailable when the server cannot be reached
+// Errors wrap driver.ErrInvalid for a malformed URL, an unknown query
+// parameter or mode=lease; driver.ErrUnavailable when the server cannot be reached
 // (connection refused or timed out, TLS or authentication failure, no free
 // connection slot, the server starting up or shutting down); ErrStandby,
 // ErrPooler or ErrServerVersion for an unsuitable server; otherwise they
@@ -118,6 +140,13 @@ func Open(ctx context.Context, dsn string) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.mode == ModeLease {
+		return nil, fmt.Errorf("postgres: mode=lease: use OpenLease (or locker.OpenURL), which returns a *LeaseLocker: %w", driver.ErrInvalid)
+	}
+	return openAdvisory(ctx, c)
+}
+
+func openAdvisory(ctx context.Context, c *config) (*Locker, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, c.pool)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", unavailable(err))
@@ -154,11 +183,11 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Locker, erro
 }
 
 func newLocker(ctx context.Context, pool *pgxpool.Pool, c *config) (*Locker, error) {
-	seq, err := setup(ctx, pool, c.schema, c.namespace)
+	r, err := setup(ctx, pool, c.schema, false)
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{pool: pool, ns: c.namespace, sql: buildStatements(seq), slots: map[string]*slot{}}
+	l := &Locker{pool: pool, ns: c.namespace, sql: buildStatements(r.seq), slots: map[string]*slot{}}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	return l, nil
 }

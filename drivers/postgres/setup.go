@@ -15,13 +15,29 @@ import (
 // key that serializes concurrent setups.
 const setupKeyName = "setup"
 
-// setup checks the server and creates the token sequence if it is missing.
-// It returns the sequence's name as a quoted, schema-qualified identifier.
-func setup(ctx context.Context, pool *pgxpool.Pool, schema, namespace string) (string, error) {
+// setupResult is what setup found and made.
+type setupResult struct {
+	seq    string // the sequence, quoted and schema-qualified
+	table  string // lease mode: the lease table, quoted and schema-qualified
+	pooler bool   // lease mode: the connection goes through a pooler
+}
+
+// setup checks the server and creates the token sequence if it is missing,
+// and in lease mode the lease table too. Advisory mode refuses a pooler;
+// lease mode notes it, and runs its statements without named prepared
+// statements, which a transaction-mode pooler cannot keep.
+func setup(ctx context.Context, pool *pgxpool.Pool, schema string, lease bool) (setupResult, error) {
 	seq := pgx.Identifier{schema, SequenceName}.Sanitize()
+	res := setupResult{seq: seq}
+	var mode []any
+	if lease {
+		res.table = pgx.Identifier{schema, LeaseTableName}.Sanitize()
+		mode = []any{pgx.QueryExecModeExec}
+	}
+	args := func(a ...any) []any { return append(append([]any{}, mode...), a...) }
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return "", fmt.Errorf("postgres: %w", unavailable(err))
+		return res, fmt.Errorf("postgres: %w", unavailable(err))
 	}
 	ok := false
 	defer func() {
@@ -36,18 +52,19 @@ func setup(ctx context.Context, pool *pgxpool.Pool, schema, namespace string) (s
 		pid     uint32
 		version int
 	)
-	err = conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), pg_backend_pid(), current_setting('server_version_num')::int`).
+	err = conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), pg_backend_pid(), current_setting('server_version_num')::int`, mode...).
 		Scan(&standby, &pid, &version)
 	if err != nil {
-		return "", fmt.Errorf("postgres: checking the server: %w", err)
+		return res, fmt.Errorf("postgres: checking the server: %w", unavailable(err))
 	}
+	res.pooler = pid != conn.Conn().PgConn().PID()
 	switch {
 	case standby:
-		return "", ErrStandby
-	case pid != conn.Conn().PgConn().PID():
-		return "", ErrPooler
+		return res, ErrStandby
+	case res.pooler && !lease:
+		return res, ErrPooler
 	case version < 140000:
-		return "", fmt.Errorf("%w (server is %d)", ErrServerVersion, version)
+		return res, fmt.Errorf("%w (server is %d)", ErrServerVersion, version)
 	}
 
 	// Create the schema and the sequence if missing, serialized across
@@ -55,32 +72,49 @@ func setup(ctx context.Context, pool *pgxpool.Pool, schema, namespace string) (s
 	// EXISTS races with itself). Existence is checked first so that a role
 	// without CREATE privilege can use objects an administrator made.
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, AdvisoryKey("locker-setup", setupKeyName)); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, args(AdvisoryKey("locker-setup", setupKeyName))...); err != nil {
 			return err
 		}
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, seq).Scan(&exists); err != nil {
+		var seqExists, tableExists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, $2::text <> '' AND to_regclass($2) IS NOT NULL`,
+			args(seq, res.table)...).Scan(&seqExists, &tableExists); err != nil {
 			return err
 		}
-		if exists {
+		if seqExists && (!lease || tableExists) {
 			return nil
 		}
 		var schemaExists bool
-		if err := tx.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, pgx.Identifier{schema}.Sanitize()).Scan(&schemaExists); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, args(pgx.Identifier{schema}.Sanitize())...).Scan(&schemaExists); err != nil {
 			return err
 		}
 		if !schemaExists {
-			if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize()); err != nil {
+			if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize(), mode...); err != nil {
 				return err
 			}
 		}
-		// CACHE 1 is essential: with a cache each session hands out its own
-		// block of values and tokens stop increasing across sessions.
-		_, err := tx.Exec(ctx, `CREATE SEQUENCE IF NOT EXISTS `+seq+` AS bigint MINVALUE 1 START 1 INCREMENT 1 CACHE 1 NO CYCLE`)
-		return err
+		if !seqExists {
+			if _, err := tx.Exec(ctx, sequenceDDL(seq), mode...); err != nil {
+				return err
+			}
+		}
+		if lease && !tableExists {
+			if _, err := tx.Exec(ctx, leaseTableDDL(res.table), mode...); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return "", fmt.Errorf("postgres: creating sequence %s: %w", seq, err)
+		what := "sequence " + seq
+		if lease {
+			what += " and lease table " + res.table
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+			return res, fmt.Errorf("postgres: creating %s: %w; as a role with CREATE on the database, run: %s",
+				what, err, setupDDL(schema, seq, res.table, pool.Config().ConnConfig.User))
+		}
+		return res, fmt.Errorf("postgres: creating %s: %w", what, unavailable(err))
 	}
 
 	// The sequence may predate us or have been altered: check what fencing
@@ -88,18 +122,46 @@ func setup(ctx context.Context, pool *pgxpool.Pool, schema, namespace string) (s
 	var cache, increment int64
 	var cycle, usable bool
 	err = conn.QueryRow(ctx, `SELECT s.seqcache, s.seqincrement, s.seqcycle, has_sequence_privilege(s.seqrelid, 'USAGE')
-		FROM pg_sequence s WHERE s.seqrelid = $1::regclass`, seq).Scan(&cache, &increment, &cycle, &usable)
+		FROM pg_sequence s WHERE s.seqrelid = $1::regclass`, args(seq)...).Scan(&cache, &increment, &cycle, &usable)
 	if err != nil {
-		return "", fmt.Errorf("postgres: checking sequence %s: %w", seq, err)
+		return res, fmt.Errorf("postgres: checking sequence %s: %w", seq, unavailable(err))
 	}
 	if cache != 1 || increment <= 0 || cycle {
-		return "", fmt.Errorf("postgres: sequence %s has CACHE %d, INCREMENT %d, CYCLE %v: fencing tokens need CACHE 1, a positive INCREMENT and NO CYCLE", seq, cache, increment, cycle)
+		return res, fmt.Errorf("postgres: sequence %s has CACHE %d, INCREMENT %d, CYCLE %v: fencing tokens need CACHE 1, a positive INCREMENT and NO CYCLE", seq, cache, increment, cycle)
 	}
 	if !usable {
-		return "", fmt.Errorf("postgres: no USAGE privilege on sequence %s", seq)
+		return res, fmt.Errorf("postgres: no USAGE privilege on sequence %s", seq)
+	}
+	if lease {
+		if err := checkLeaseTable(ctx, conn, res.table, mode); err != nil {
+			return res, err
+		}
 	}
 	ok = true
-	return seq, nil
+	return res, nil
+}
+
+// sequenceDDL creates the token sequence. CACHE 1 is essential: with a
+// cache each session hands out its own block of values and tokens stop
+// increasing across sessions.
+func sequenceDDL(seq string) string {
+	return `CREATE SEQUENCE IF NOT EXISTS ` + seq + ` AS bigint MINVALUE 1 START 1 INCREMENT 1 CACHE 1 NO CYCLE`
+}
+
+// setupDDL is what an administrator runs for a role that may not create
+// the driver's objects itself: create them, and grant the role their use.
+func setupDDL(schema, seq, table, role string) string {
+	sch := pgx.Identifier{schema}.Sanitize()
+	r := pgx.Identifier{role}.Sanitize()
+	s := `CREATE SCHEMA IF NOT EXISTS ` + sch + `; ` + sequenceDDL(seq) + `;`
+	if table != "" {
+		s += ` ` + leaseTableDDL(table) + `;`
+	}
+	s += ` GRANT USAGE ON SCHEMA ` + sch + ` TO ` + r + `; GRANT USAGE ON SEQUENCE ` + seq + ` TO ` + r + `;`
+	if table != "" {
+		s += ` GRANT SELECT, INSERT, UPDATE, DELETE ON ` + table + ` TO ` + r + `;`
+	}
+	return s
 }
 
 // unavailable marks a failure to connect as driver.ErrUnavailable: refused,

@@ -1,0 +1,423 @@
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/go-locker/locker/driver"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults of the lease table's clean-up (see LeaseLocker).
+const (
+	// LeaseSweepInterval is how often each LeaseLocker deletes long-expired
+	// rows (with ±20% jitter).
+	LeaseSweepInterval = time.Minute
+	// LeaseSweepAge is how long a row stays expired before it is deleted.
+	LeaseSweepAge = 10 * time.Minute
+)
+
+// LeaseLocker is the driver.Locker of the lease mode (mode=lease): each lock
+// is a row of the lease table <schema>.locker_leases, with an expiry judged
+// by the server's clock. No connection is pinned: every operation is one
+// autocommit statement on any pooled connection, so a lease survives the
+// connection that took it, a terminated backend and a crash of the server,
+// works through a transaction-mode pooler such as PgBouncer, and one
+// process can hold many more locks than the server has connections. Any
+// Locker on the same table and namespace acts for an owner: the same owner
+// string through another LeaseLocker refreshes and releases the lock.
+//
+// It implements driver.Waiter (LISTEN/NOTIFY, see Subscribe),
+// driver.Inspector, driver.Capable and driver.Pinger. It is safe for
+// concurrent use.
+type LeaseLocker struct {
+	pool    *pgxpool.Pool
+	ownPool bool
+	ns      string
+	table   string
+	sql     leaseStatements
+	mode    []any // prepended to every statement's arguments
+	pooler  bool  // the connection goes through a pooler
+
+	ctx    context.Context // done once Close begins
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	closed bool
+	ops    sync.WaitGroup
+	lis    *listener // started by the first Subscribe
+	bg     sync.WaitGroup
+}
+
+// OpenLease connects to the PostgreSQL server named by dsn (see the package
+// documentation for its format; mode=lease may be given, mode=advisory may
+// not), checks the server (not a standby, version 14 or later) and creates
+// the schema, the token sequence and the lease table if missing, serialized
+// across processes. A pooler in between is allowed: its statements then
+// avoid named prepared statements. The pool it creates is closed by Close.
+//
+// Errors wrap driver.ErrInvalid for a malformed URL, an unknown query
+// parameter or mode=advisory; driver.ErrUnavailable when the server cannot
+// be reached; ErrStandby or ErrServerVersion for an unsuitable server. A
+// role that may not create what is missing gets an error naming the DDL to
+// run, and a lease table of the wrong shape one naming the shape wanted.
+func OpenLease(ctx context.Context, dsn string) (*LeaseLocker, error) {
+	c, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if c.modeSet && c.mode != ModeLease {
+		return nil, fmt.Errorf("postgres: OpenLease with mode=%s: %w", c.mode, driver.ErrInvalid)
+	}
+	return openLease(ctx, c)
+}
+
+func openLease(ctx context.Context, c *config) (*LeaseLocker, error) {
+	pool, err := pgxpool.NewWithConfig(ctx, c.pool)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", unavailable(err))
+	}
+	l, err := newLeaseLocker(ctx, pool, c)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	l.ownPool = true
+	return l, nil
+}
+
+// NewLease adopts a pool the caller already has, in lease mode: it runs the
+// same checks and setup as OpenLease, on ctx. Close does not close the pool.
+// No connection is held between operations.
+//
+// Errors are those of OpenLease; a nil pool or a bad option wraps
+// driver.ErrInvalid.
+func NewLease(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*LeaseLocker, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("postgres: nil pool: %w", driver.ErrInvalid)
+	}
+	c := &config{schema: DefaultSchema, namespace: DefaultNamespace}
+	for _, o := range opts {
+		o(c)
+	}
+	if err := checkSchema(c.schema); err != nil {
+		return nil, err
+	}
+	return newLeaseLocker(ctx, pool, c)
+}
+
+func newLeaseLocker(ctx context.Context, pool *pgxpool.Pool, c *config) (*LeaseLocker, error) {
+	r, err := setup(ctx, pool, c.schema, true)
+	if err != nil {
+		return nil, err
+	}
+	l := &LeaseLocker{pool: pool, ns: c.namespace, table: r.table, sql: buildLeaseStatements(r.table, r.seq), pooler: r.pooler}
+	if r.pooler {
+		// A transaction-mode pooler may run each statement on another
+		// server session: no named prepared statements.
+		l.mode = []any{pgx.QueryExecModeExec}
+	}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	every, age := c.sweepEvery, c.sweepAge
+	if every <= 0 {
+		every = LeaseSweepInterval
+	}
+	if age <= 0 {
+		age = LeaseSweepAge
+	}
+	l.bg.Add(1)
+	go l.sweeper(every, age)
+	return l, nil
+}
+
+// args prepends the query mode to a statement's arguments.
+func (l *LeaseLocker) args(a ...any) []any {
+	if l.mode == nil {
+		return a
+	}
+	return append(append(make([]any, 0, len(a)+1), l.mode...), a...)
+}
+
+// leaseID is a key's id in the lease table: the first 16 bytes of
+// SHA-256(namespace || 0x00 || key).
+func leaseID(ns, key string) []byte {
+	h := sha256.New()
+	h.Write([]byte(ns))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	return h.Sum(nil)[:16]
+}
+
+// Capabilities reports TTLs kept to the millisecond from 1ms, durable tokens
+// (the sequence, and the grant itself, are flushed to the WAL before a grant
+// is reported) and that locks belong to their owner, not to the Locker.
+func (l *LeaseLocker) Capabilities() driver.Capabilities {
+	return driver.Capabilities{MinTTL: time.Millisecond, TTLGranularity: time.Millisecond, DurableTokens: true}
+}
+
+// Lease statements are retried at once on a fresh connection when the
+// pooled one turns out broken (the server restarted, the backend was
+// terminated), up to this many times.
+const leaseRetries = 8
+
+// retryable reports an error after which a statement may be sent again on
+// another connection: the session broke, so the statement either never ran
+// or (for the idempotent acquire and refresh) may run again.
+func retryable(err error) bool {
+	return lostSession(err) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// Acquire makes one attempt to take key for owner for ttl: one statement
+// that inserts the key's row or takes over an expired one, drawing the
+// fencing token from the sequence, with the expiry computed by the server's
+// clock. If another owner holds key it returns a *driver.HeldError with the
+// holder's remaining TTL. Acquire by the current owner, through any
+// LeaseLocker, resets the TTL and returns the same token.
+//
+// Errors wrap driver.ErrInvalid (empty key or owner, ttl ≤ 0 or > MaxTTL),
+// driver.ErrNotAcquired, driver.ErrUnavailable, driver.ErrClosed, ctx.Err()
+// or ErrStandby.
+func (l *LeaseLocker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	ms, err := checkCall(key, owner, ttl)
+	if err != nil {
+		return 0, err
+	}
+	ctx, done, err := l.begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	id := leaseID(l.ns, key)
+	for tries := 0; ; tries++ {
+		var tok, rem *int64
+		err := l.pool.QueryRow(ctx, l.sql.acquire, l.args(id, []byte(key), []byte(owner), ms)...).Scan(&tok, &rem)
+		switch {
+		case err == nil && tok != nil:
+			if *tok <= 0 {
+				return 0, errors.New("postgres: acquire: unexpected token")
+			}
+			return uint64(*tok), nil
+		case err == nil:
+			var r time.Duration
+			if rem != nil && *rem > 0 {
+				r = time.Duration(*rem) * time.Millisecond
+			}
+			return 0, &driver.HeldError{Remaining: r}
+		case errors.Is(err, pgx.ErrNoRows):
+			return 0, &driver.HeldError{}
+		case retryable(err) && ctx.Err() == nil && tries < leaseRetries:
+			continue
+		}
+		return 0, l.fail(ctx, "acquire", sqlError(unavailable(err)))
+	}
+}
+
+// Refresh resets the TTL of the lock owner holds, through any LeaseLocker:
+// one owner-checked statement that never revives an expired row.
+//
+// Errors wrap driver.ErrInvalid, driver.ErrNotHeld, driver.ErrUnavailable,
+// driver.ErrClosed or ctx.Err().
+func (l *LeaseLocker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	ms, err := checkCall(key, owner, ttl)
+	if err != nil {
+		return err
+	}
+	ctx, done, err := l.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	id := leaseID(l.ns, key)
+	for tries := 0; ; tries++ {
+		tag, err := l.pool.Exec(ctx, l.sql.refresh, l.args(id, []byte(owner), ms)...)
+		switch {
+		case err == nil && tag.RowsAffected() == 1:
+			return nil
+		case err == nil:
+			return notHeld("refresh", key)
+		case retryable(err) && ctx.Err() == nil && tries < leaseRetries:
+			continue
+		}
+		return l.fail(ctx, "refresh", sqlError(unavailable(err)))
+	}
+}
+
+// Release frees the lock owner holds, through any LeaseLocker: one
+// owner-checked statement that marks the row expired and notifies waiters.
+// It returns driver.ErrNotHeld if owner does not hold key (any more).
+//
+// Errors wrap driver.ErrInvalid, driver.ErrNotHeld, driver.ErrUnavailable,
+// driver.ErrClosed or ctx.Err(). A failed Release leaves the lock to expire.
+func (l *LeaseLocker) Release(ctx context.Context, key, owner string) error {
+	if _, err := checkCall(key, owner, time.Millisecond); err != nil {
+		return err
+	}
+	ctx, done, err := l.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	id := leaseID(l.ns, key)
+	payload := hex.EncodeToString(id)
+	for tries := 0; ; tries++ {
+		var s string
+		err := l.pool.QueryRow(ctx, l.sql.release, l.args(id, []byte(owner), payload)...).Scan(&s)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, pgx.ErrNoRows):
+			return notHeld("release", key)
+		case (sessionKilled(err) || pgconn.SafeToRetry(err)) && ctx.Err() == nil && tries < leaseRetries:
+			// The statement did not run: try another connection.
+			continue
+		}
+		return l.fail(ctx, "release", sqlError(unavailable(err)))
+	}
+}
+
+// Inspect reports the live holder of key from the lease table: its owner,
+// token and remaining TTL by the server's clock.
+//
+// Errors: driver.ErrNotHeld if no one holds key; driver.ErrInvalid for an
+// empty key; driver.ErrUnavailable; driver.ErrClosed; ctx.Err().
+func (l *LeaseLocker) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	if key == "" {
+		return driver.Info{}, fmt.Errorf("postgres: empty key: %w", driver.ErrInvalid)
+	}
+	ctx, done, err := l.begin(ctx)
+	if err != nil {
+		return driver.Info{}, err
+	}
+	defer done()
+	var owner []byte
+	var tok, rem int64
+	for tries := 0; ; tries++ {
+		err = l.pool.QueryRow(ctx, l.sql.inspect, l.args(leaseID(l.ns, key))...).Scan(&owner, &tok, &rem)
+		if err == nil || !retryable(err) || ctx.Err() != nil || tries >= leaseRetries {
+			break
+		}
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return driver.Info{}, notHeld("inspect", key)
+	}
+	if err != nil {
+		return driver.Info{}, l.fail(ctx, "inspect", unavailable(err))
+	}
+	return driver.Info{Owner: string(owner), Token: uint64(tok), Remaining: max(time.Duration(rem)*time.Millisecond, time.Millisecond)}, nil
+}
+
+// Ping makes one round trip to the server on a pooled connection. It returns
+// driver.ErrClosed after Close.
+func (l *LeaseLocker) Ping(ctx context.Context) error {
+	ctx, done, err := l.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := l.pool.Ping(ctx); err != nil {
+		return l.fail(ctx, "ping", unavailable(err))
+	}
+	return nil
+}
+
+// Close stops the listener and the sweeper, aborts calls in progress and
+// closes the pool if OpenLease created it. Locks still held stay in the
+// table until they expire. It is idempotent; later calls of every method
+// return driver.ErrClosed.
+func (l *LeaseLocker) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	lis := l.lis
+	l.lis = nil
+	l.mu.Unlock()
+	l.cancel()
+	l.ops.Wait()
+	if lis != nil {
+		lis.close()
+	}
+	l.bg.Wait()
+	if l.ownPool {
+		l.pool.Close()
+	}
+	return nil
+}
+
+// sweeper deletes rows expired for longer than age, every interval (±20%),
+// until Close.
+func (l *LeaseLocker) sweeper(interval, age time.Duration) {
+	defer l.bg.Done()
+	for {
+		d := time.Duration(float64(interval) * (0.8 + 0.4*rand.Float64()))
+		t := time.NewTimer(d)
+		select {
+		case <-l.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(l.ctx, interval)
+		_, _ = l.sweep(ctx, age)
+		cancel()
+	}
+}
+
+// sweep deletes the rows expired for longer than age and returns how many.
+func (l *LeaseLocker) sweep(ctx context.Context, age time.Duration) (int64, error) {
+	tag, err := l.pool.Exec(ctx, l.sql.sweep, l.args(age.Milliseconds())...)
+	return tag.RowsAffected(), err
+}
+
+// begin starts an operation: it fails once Close has begun, and returns a
+// context that is also cancelled (with cause driver.ErrClosed) by Close.
+func (l *LeaseLocker) begin(ctx context.Context) (context.Context, func(), error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, nil, driver.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		l.mu.Unlock()
+		return nil, nil, fmt.Errorf("postgres: %w", err)
+	}
+	l.ops.Add(1)
+	l.mu.Unlock()
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(l.ctx, func() { cancel(driver.ErrClosed) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+		l.ops.Done()
+	}, nil
+}
+
+// fail wraps err from operation op. When ctx is done it reports why: Close
+// (driver.ErrClosed) or the caller's context.
+func (l *LeaseLocker) fail(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("postgres: %s: %w", op, context.Cause(ctx))
+	}
+	return fmt.Errorf("postgres: %s: %w", op, err)
+}
+
+// checkCall validates the arguments of a call and returns the TTL in ms.
+func checkCall(key, owner string, ttl time.Duration) (int64, error) {
+	if key == "" {
+		return 0, fmt.Errorf("postgres: empty key: %w", driver.ErrInvalid)
+	}
+	if owner == "" {
+		return 0, fmt.Errorf("postgres: empty owner: %w", driver.ErrInvalid)
+	}
+	return ttlMillis(ttl)
+}
