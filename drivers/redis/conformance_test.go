@@ -40,9 +40,17 @@ func openT(t testing.TB, dsn string) *Locker {
 	return l
 }
 
+// TestConformanceSingle runs the suite, fault subtests included (see
+// drivertest.FaultHarness), on one server.
 func TestConformanceSingle(t *testing.T) {
-	s := redistest.Start(t)
-	conformance.Run(t, openHarness(urlOf(s.Addr), 0))
+	addr, s := drivertest.FaultServer(t)
+	conformance.Run(t, drivertest.FaultHarness(t, addr, s, func(addr string) (driver.Locker, error) {
+		l, err := Open(urlOf(addr))
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}))
 }
 
 // A Locker on an adopted client (New) passes the same suite.

@@ -10,6 +10,7 @@ import (
 	"github.com/go-locker/locker/conformance"
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
 // openHarness returns a Harness that opens a fresh Locker on dsn per call.
@@ -26,9 +27,17 @@ func openHarness(dsn string, minTTL time.Duration) conformance.Harness {
 	}
 }
 
+// TestConformanceSingle runs the suite, fault subtests included (see
+// drivertest.FaultHarness), on one server.
 func TestConformanceSingle(t *testing.T) {
-	s := redistest.Start(t)
-	conformance.Run(t, openHarness(urlOf(s.Addr), 0))
+	addr, s := drivertest.FaultServer(t)
+	conformance.Run(t, drivertest.FaultHarness(t, addr, s, func(addr string) (driver.Locker, error) {
+		l, err := Open(urlOf(addr))
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}))
 }
 
 // A Locker on an adopted client (New) waits on pub/sub instead of
