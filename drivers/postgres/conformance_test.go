@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-locker/locker/conformance"
-	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/pgtest"
 )
 
@@ -59,14 +57,4 @@ func openT(t testing.TB, url string) *Locker {
 	}
 	t.Cleanup(func() { _ = l.Close() })
 	return l
-}
-
-func TestConformance(t *testing.T) {
-	url := serverURL(t)
-	conformance.Run(t, conformance.Harness{
-		Open: func(ctx context.Context) (driver.Locker, error) {
-			return Open(ctx, url)
-		},
-		MinTTL: 100 * time.Millisecond,
-	})
 }

@@ -15,6 +15,9 @@ import (
 
 // leaseURL returns url with mode=lease.
 func leaseURL(url string) string {
+	if strings.Contains(url, "mode=lease") {
+		return url
+	}
 	if strings.Contains(url, "?") {
 		return url + "&mode=lease"
 	}
@@ -35,13 +38,12 @@ func openLeaseT(t testing.TB, url string) *LeaseLocker {
 
 // The conformance suite in lease mode, connected directly.
 func TestLeaseConformance(t *testing.T) {
-	url := leaseURL(serverURL(t))
-	conformance.Run(t, conformance.Harness{
-		Open: func(ctx context.Context) (driver.Locker, error) {
-			return Driver{}.Open(url)
-		},
-		MinTTL: 100 * time.Millisecond,
-	})
+	u, srv := faultServer(t)
+	// A lease outlives its connection and a crash: no fault may free it
+	// early, so no LostBound.
+	conformance.Run(t, faultHarness(t, leaseURL(u), srv, func(ctx context.Context, url string) (driver.Locker, error) {
+		return Driver{}.Open(url)
+	}, nil))
 }
 
 // The conformance suite in lease mode through a real PgBouncer in
