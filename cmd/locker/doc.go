@@ -35,6 +35,11 @@
 //	--grace D        with --on-lost term, how long before the lock's safe
 //	                 deadline SIGTERM goes out while renewals fail; default
 //	                 TTL/4, at most 10s; must be under TTL/2
+//	--max-hold D     stop the job and release the lock D after the grant,
+//	                 however long the command runs (default 0: no bound);
+//	                 see "Max and min hold" below
+//	--min-hold D     keep the key taken until D after the grant even if the
+//	                 command ends sooner (default 0: release at once)
 //	-v               say what locker is doing, on stderr
 //
 // The command is looked up before the lock is taken, so a typo never holds
@@ -79,12 +84,36 @@
 // stays held until the job ends and is then released, and the exit code is
 // still 123 (TestRunRenewalRecoversAfterTerm).
 //
+// # Max and min hold
+//
+// --max-hold bounds a stuck job (locker.WithMaxHold): renewal stops D after
+// the grant and the lock is released then, whether or not its renewals
+// were failing. As at a safe deadline, with --on-lost term the job's
+// process group gets SIGTERM --grace before the bound (at most D/2 before)
+// and SIGKILL at it; with kill, SIGKILL at the bound; with ignore the job
+// runs on without the lock. locker exits 123.
+//
+// --min-hold is for cron fleets (locker.WithMinHold): a release before D
+// after the grant leaves the key taken, by nobody's work, until then, when
+// it expires. A job that finished in 2s on one host is not run again by a
+// host whose cron fires 3s later because its clock is 3s behind:
+//
+//	*/5 * * * *  locker run --url redis://lockhost:6379 --wait 0 --min-hold 1m report -- ./report.sh
+//
+// runs report.sh once per 5-minute slot across hosts whose clocks differ by
+// less than a minute. The other hosts exit 124. Where a lock ends with its
+// backend session (PostgreSQL advisory locks), locker keeps the session,
+// and does not exit, until the bound. Bad values (negative, a min hold
+// longer than the max hold, not a duration) are usage errors (125),
+// reported before the backend is opened.
+//
 // # Exit codes
 //
 //	0-255   the command's own exit code (128+N if it was killed by signal N)
-//	123     the lock was lost, or renewals failed up to --grace before its
-//	        deadline, while the command ran (the job was stopped as
-//	        --on-lost says; with ignore, it ran to its end)
+//	123     the lock was lost, renewals failed up to --grace before its
+//	        deadline, or --max-hold was reached, while the command ran
+//	        (the job was stopped as --on-lost says; with ignore, it ran to
+//	        its end)
 //	124     the lock was not acquired: held by another owner with --wait 0,
 //	        or still held when --wait ran out
 //	125     usage or configuration error: bad flag or argument, missing --,
