@@ -110,6 +110,10 @@
 // # Exit codes
 //
 //	0-255   the command's own exit code (128+N if it was killed by signal N)
+//	122     the backend could not be reached (an error matching
+//	        locker.ErrUnavailable, a network error or a connection the
+//	        server closed, or no answer within
+//	        10s when it is opened); a key held by someone else is 124
 //	123     the lock was lost, renewals failed up to --grace before its
 //	        deadline, or --max-hold was reached, while the command ran
 //	        (the job was stopped as --on-lost says; with ignore, it ran to
@@ -118,7 +122,7 @@
 //	        or still held when --wait ran out
 //	125     usage or configuration error: bad flag or argument, missing --,
 //	        empty KEY, bad TTL, malformed URL, unknown scheme or query
-//	        parameter, or a backend that cannot be reached or fails
+//	        parameter, or a backend that fails otherwise
 //	126     the command was found but could not be started
 //	127     the command was not found
 //	128+N   locker was stopped by signal N while waiting for the lock
@@ -131,8 +135,9 @@
 //	locker status [--url URL] KEY
 //
 // prints the holder (its owner string), the fencing token and the remaining
-// TTL of KEY and exits 0, or prints that KEY is free and exits 1. It exits 125
-// on errors, including a backend that cannot report the holder.
+// TTL of KEY and exits 0, or prints that KEY is free and exits 1. It exits
+// 122 when the backend cannot be reached, and 125 on other errors,
+// including a backend that cannot report the holder.
 //
 // # locker bench
 //
@@ -145,7 +150,8 @@
 // before. It prints acquire latency (from the call to the grant) and handoff
 // latency (from one holder's release to the next holder's grant, for grants
 // that had to wait) as p50/p99/max, the throughput, and any violations; it
-// exits 1 if there were violations, 125 on usage errors.
+// exits 1 if there were violations, 122 when the backend cannot be reached,
+// 125 on usage errors.
 //
 // # locker drivers
 //

@@ -250,7 +250,7 @@ func (o *runOpts) acquire(ctx context.Context) (*locker.Lock, *locker.Locker, in
 			return nil, nil, exitUsage
 		}
 		o.errorf("run: %v", err)
-		return nil, nil, exitUsage
+		return nil, nil, failCode(err)
 	}
 	opts := []locker.Option{locker.WithTTL(o.ttl), locker.WithMaxHold(o.maxHold), locker.WithMinHold(o.minHold)}
 	lk, err := l.TryAcquire(ctx, o.key, opts...)
@@ -268,6 +268,22 @@ func (o *runOpts) acquire(ctx context.Context) (*locker.Lock, *locker.Locker, in
 		}
 		lk, err = l.Acquire(wctx, o.key, opts...)
 		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+			// The wait ran out: held, unless the backend cannot be reached
+			// now (retries while waiting are not always in the error).
+			if failCode(err) == exitUnavailable {
+				o.errorf("run: %v", err)
+				return nil, l, exitUnavailable
+			}
+			pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+			perr := l.Ping(pctx)
+			cancel()
+			if perr != nil && ctx.Err() == nil {
+				o.errorf("run: waited %v for %q; the backend is not reachable: %v", o.wait.d, o.key, perr)
+				if errors.Is(perr, context.DeadlineExceeded) {
+					return nil, l, exitUnavailable
+				}
+				return nil, l, failCode(perr)
+			}
 			o.errorf("run: %q is still held after waiting %v", o.key, o.wait.d)
 			return nil, l, exitNotAcquired
 		}
@@ -284,7 +300,7 @@ func (o *runOpts) acquire(ctx context.Context) (*locker.Lock, *locker.Locker, in
 		return nil, l, exitNotAcquired
 	default:
 		o.errorf("run: %v", err)
-		return nil, l, exitUsage
+		return nil, l, failCode(err)
 	}
 }
 

@@ -44,7 +44,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 	l, err := c.open(ctx)
 	if err != nil {
 		c.errorf("status: %v", err)
-		return exitUsage
+		return failCode(err)
 	}
 	defer l.Close()
 	in, err := l.Inspect(ctx, key)
@@ -57,7 +57,7 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	case err != nil:
 		c.errorf("status: %v", err)
-		return exitUsage
+		return failCode(err)
 	}
 	fmt.Fprintf(stdout, "key      %s\nholder   %s\ntoken    %d\nexpires  in %v\n",
 		key, in.Owner, in.Token, in.Remaining.Round(time.Millisecond))
