@@ -132,12 +132,30 @@
 //
 // # locker status
 //
-//	locker status [--url URL] KEY
+//	locker status [--url URL] [-o text|json] KEY
 //
 // prints the holder (its owner string), the fencing token and the remaining
 // TTL of KEY and exits 0, or prints that KEY is free and exits 1. It exits
 // 122 when the backend cannot be reached, and 125 on other errors,
-// including a backend that cannot report the holder.
+// including a backend that cannot report the holder. Flags may also follow
+// KEY.
+//
+// With -o json it prints one JSON object on one line instead, whatever
+// happens once the arguments are valid, with the same exit codes. Its
+// field names are stable:
+//
+//	key           string  KEY
+//	reachable     bool    whether the backend answered
+//	held          bool    whether KEY is held; absent if that could not be told
+//	holder        string  the holder's owner string    } only when
+//	token         number  its fencing token            } held is
+//	remaining_ms  number  its TTL left, in whole ms    } true
+//	error         string  what went wrong, if anything
+//
+// For example
+//
+//	{"key":"job","reachable":true,"held":true,"holder":"5f0e…","token":42,"remaining_ms":29417}
+//	{"key":"job","reachable":false,"error":"open: redis: 127.0.0.1:6379: server unreachable: …"}
 //
 // # locker bench
 //

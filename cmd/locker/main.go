@@ -40,7 +40,7 @@ func main() {
 const usageText = `usage:
   locker run    [--url URL] [--ttl D] [--wait D] [--on-lost term|kill|ignore] [--grace D]
                 [--max-hold D] [--min-hold D] [-v] KEY -- COMMAND [ARGS...]
-  locker status [--url URL] [-v] KEY
+  locker status [--url URL] [-o text|json] [-v] KEY
   locker bench  [--url URL] [--workers N] [--duration D] [--hold H] [--ttl D] [--key KEY] [-v]
   locker drivers
 

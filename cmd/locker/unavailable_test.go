@@ -75,6 +75,11 @@ func TestUnavailableServerKilled(t *testing.T) {
 	if code != exitUnavailable || out != "" {
 		t.Errorf("status, server killed: code %d, output %q, stderr %q; want %d", code, out, stderr, exitUnavailable)
 	}
+	code, fields, _ := statusJSONOf(t, env, "job")
+	if code != exitUnavailable {
+		t.Errorf("status -o json, server killed: code %d, want %d", code, exitUnavailable)
+	}
+	checkFields(t, fields, map[string]any{"key": "job", "reachable": false, "error": nil})
 	drain(waiter)
 	if code := waiter.wait(t); code != exitUnavailable {
 		t.Errorf("run waiting when the server died: code %d, want %d; stderr %s", code, exitUnavailable, waiter.stderr.String())
