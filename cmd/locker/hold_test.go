@@ -3,6 +3,7 @@ package main
 import (
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -159,4 +160,61 @@ func TestRunMinHold(t *testing.T) {
 			}
 		})
 	}
+}
+
+// --max-hold with --on-lost kill: no SIGTERM, SIGKILL at the bound; with
+// ignore: nothing is sent, the lock is released at the bound while the
+// command runs on, and locker exits 123 when it ends.
+func TestRunMaxHoldOnLostModes(t *testing.T) {
+	const maxHold = time.Second
+	t.Run("kill", func(t *testing.T) {
+		url := fileURL(t)
+		pidfile := filepath.Join(t.TempDir(), "pid")
+		spawned := mono()
+		p := start(t, nil, append([]string{"run", "--url", url, "--max-hold", maxHold.String(), "--on-lost", "kill", "job", "--"}, inSh(child("trap", pidfile)...)...)...)
+		p.expect(t, "ready")
+		ready := mono()
+		pid, err := readPid(pidfile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		died := awaitDeath(t, watchDeath(t, pid), "the grandchild")
+		if code := p.wait(t); code != exitLost {
+			t.Fatalf("code %d, want %d; stderr %s", code, exitLost, p.stderr.String())
+		}
+		for l := range p.lines {
+			if strings.HasPrefix(l, "term") {
+				t.Errorf("the job got SIGTERM with --on-lost kill")
+			}
+		}
+		if died < spawned+maxHold-killLead || died > ready+maxHold+holdSlack {
+			t.Errorf("died %v after spawn, want at the bound, in [%v, %v]", died-spawned, maxHold, ready+maxHold-spawned)
+		}
+		if !strings.Contains(p.stderr.String(), "(--max-hold 1s reached; the lock is being released); sending SIGKILL") {
+			t.Errorf("stderr: %s", p.stderr.String())
+		}
+	})
+	t.Run("ignore", func(t *testing.T) {
+		url := fileURL(t)
+		p := start(t, nil, append([]string{"run", "--url", url, "--max-hold", maxHold.String(), "--on-lost", "ignore", "job", "--"}, child("signals")...)...)
+		tok := tokenOf(t, p.expect(t, "ready"))
+		waitStderr(t, p, `--max-hold 1s of lock "job" reached and the lock released; letting the command run (--on-lost=ignore)`)
+		if !isFree(t, url, "job") {
+			t.Fatalf("key still held (token %d) after --max-hold", tok)
+		}
+		p.signal(t, syscall.SIGUSR1) // still running: it answers
+		if got := p.expect(t, "got"); got != "got user defined signal 1" {
+			t.Fatalf("command said %q", got)
+		}
+		p.signal(t, syscall.SIGTERM)
+		if got := p.expect(t, "got"); got != "got terminated" {
+			t.Fatalf("command said %q", got)
+		}
+		if code := p.wait(t); code != exitLost {
+			t.Fatalf("code %d, want %d", code, exitLost)
+		}
+		if strings.Contains(p.stderr.String(), "sending SIG") {
+			t.Fatalf("a signal was sent with --on-lost ignore: %s", p.stderr.String())
+		}
+	})
 }
