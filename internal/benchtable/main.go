@@ -84,7 +84,7 @@ type row struct {
 }
 
 type table struct {
-	title, note string
+	title string
 	rows        []row
 }
 
