@@ -85,7 +85,7 @@ type row struct {
 
 type table struct {
 	title string
-	rows        []row
+	rows  []row
 }
 
 var tables = []table{
