@@ -218,3 +218,39 @@ func TestRunMaxHoldOnLostModes(t *testing.T) {
 		}
 	})
 }
+
+// --max-hold counts from the grant, not from the start of the wait: a run
+// that waited longer than its --max-hold still gets the whole bound.
+func TestRunMaxHoldCountsFromGrant(t *testing.T) {
+	url := fileURL(t)
+	const maxHold = time.Second
+	a := start(t, nil, append([]string{"run", "--url", url, "job", "--"}, child("signals")...)...)
+	a.expect(t, "ready")
+	b := start(t, nil, append([]string{"run", "-v", "--url", url, "--wait", "1m", "--max-hold", maxHold.String(), "--on-lost", "kill", "job", "--"}, child("signals")...)...)
+	waitStderr(t, b, "waiting for")
+	bDone := make(chan time.Duration, 1)
+	go func() { <-b.done; bDone <- mono() }()
+	// Wait past b's --max-hold before letting it have the key.
+	for waited := mono(); mono()-waited < 3*maxHold/2; {
+		time.Sleep(10 * time.Millisecond)
+	}
+	released := mono() // b's grant starts after this
+	a.signal(t, syscall.SIGTERM)
+	if code := a.wait(t); code != 7 {
+		t.Fatalf("first run: code %d; stderr %s", code, a.stderr.String())
+	}
+	b.expect(t, "ready")
+	ready := mono()
+	drain(b)
+	if code := b.wait(t); code != exitLost {
+		t.Fatalf("second run: code %d, want %d; stderr %s", code, exitLost, b.stderr.String())
+	}
+	ended := <-bDone
+	t.Logf("second run ended %v after the first released, %v after its command started", ended-released, ended-ready)
+	if ended < released+maxHold-killLead {
+		t.Errorf("second run ended %v after the first released: its --max-hold did not count from its grant", ended-released)
+	}
+	if ended > ready+maxHold+holdSlack+time.Second { // +1s: slack for a -race binary's exit
+		t.Errorf("second run ended %v after its command started, want about %v", ended-ready, maxHold)
+	}
+}
