@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -83,24 +82,5 @@ func TestBackendRedisLockDeleted(t *testing.T) {
 	}
 	if !strings.Contains(p.stderr.String(), `lock "job" lost while the command ran`) {
 		t.Fatalf("stderr: %s", p.stderr.String())
-	}
-}
-
-// An unreachable server is a one-line configuration error, and nothing runs.
-func TestBackendUnreachable(t *testing.T) {
-	port, err := redistest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, url := range []string{
-		"redis://127.0.0.1:" + strconv.Itoa(port),
-		"rueidis://127.0.0.1:" + strconv.Itoa(port),
-		"postgres://postgres@127.0.0.1:" + strconv.Itoa(port) + "/postgres?sslmode=disable",
-	} {
-		code, out, stderr := run(t, nil, append([]string{"run", "--url", url, "job", "--"}, child("exit", "0")...)...)
-		if code != exitUsage || out != "" {
-			t.Errorf("%s: code %d, output %q; want %d and nothing run", url, code, out, exitUsage)
-		}
-		checkOneLine(t, stderr, "connection refused")
 	}
 }

@@ -91,7 +91,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) int {
 			for _, l := range lockers[:i] {
 				l.Close()
 			}
-			return exitUsage
+			return failCode(err)
 		}
 		lockers[i] = l
 	}

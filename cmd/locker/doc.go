@@ -35,6 +35,11 @@
 //	--grace D        with --on-lost term, how long before the lock's safe
 //	                 deadline SIGTERM goes out while renewals fail; default
 //	                 TTL/4, at most 10s; must be under TTL/2
+//	--max-hold D     stop the job and release the lock D after the grant,
+//	                 however long the command runs (default 0: no bound);
+//	                 see "Max and min hold" below
+//	--min-hold D     keep the key taken until D after the grant even if the
+//	                 command ends sooner (default 0: release at once)
 //	-v               say what locker is doing, on stderr
 //
 // The command is looked up before the lock is taken, so a typo never holds
@@ -79,17 +84,45 @@
 // stays held until the job ends and is then released, and the exit code is
 // still 123 (TestRunRenewalRecoversAfterTerm).
 //
+// # Max and min hold
+//
+// --max-hold bounds a stuck job (locker.WithMaxHold): renewal stops D after
+// the grant and the lock is released then, whether or not its renewals
+// were failing. As at a safe deadline, with --on-lost term the job's
+// process group gets SIGTERM --grace before the bound (at most D/2 before)
+// and SIGKILL at it; with kill, SIGKILL at the bound; with ignore the job
+// runs on without the lock. locker exits 123.
+//
+// --min-hold is for cron fleets (locker.WithMinHold): a release before D
+// after the grant leaves the key taken, by nobody's work, until then, when
+// it expires. A job that finished in 2s on one host is not run again by a
+// host whose cron fires 3s later because its clock is 3s behind:
+//
+//	*/5 * * * *  locker run --url redis://lockhost:6379 --wait 0 --min-hold 1m report -- ./report.sh
+//
+// runs report.sh once per 5-minute slot across hosts whose clocks differ by
+// less than a minute. The other hosts exit 124. Where a lock ends with its
+// backend session (PostgreSQL advisory locks), locker keeps the session,
+// and does not exit, until the bound. Bad values (negative, a min hold
+// longer than the max hold, not a duration) are usage errors (125),
+// reported before the backend is opened.
+//
 // # Exit codes
 //
 //	0-255   the command's own exit code (128+N if it was killed by signal N)
-//	123     the lock was lost, or renewals failed up to --grace before its
-//	        deadline, while the command ran (the job was stopped as
-//	        --on-lost says; with ignore, it ran to its end)
+//	122     the backend could not be reached (an error matching
+//	        locker.ErrUnavailable, a network error or a connection the
+//	        server closed, or no answer within
+//	        10s when it is opened); a key held by someone else is 124
+//	123     the lock was lost, renewals failed up to --grace before its
+//	        deadline, or --max-hold was reached, while the command ran
+//	        (the job was stopped as --on-lost says; with ignore, it ran to
+//	        its end)
 //	124     the lock was not acquired: held by another owner with --wait 0,
 //	        or still held when --wait ran out
 //	125     usage or configuration error: bad flag or argument, missing --,
 //	        empty KEY, bad TTL, malformed URL, unknown scheme or query
-//	        parameter, or a backend that cannot be reached or fails
+//	        parameter, or a backend that fails otherwise
 //	126     the command was found but could not be started
 //	127     the command was not found
 //	128+N   locker was stopped by signal N while waiting for the lock
@@ -99,11 +132,30 @@
 //
 // # locker status
 //
-//	locker status [--url URL] KEY
+//	locker status [--url URL] [-o text|json] KEY
 //
 // prints the holder (its owner string), the fencing token and the remaining
-// TTL of KEY and exits 0, or prints that KEY is free and exits 1. It exits 125
-// on errors, including a backend that cannot report the holder.
+// TTL of KEY and exits 0, or prints that KEY is free and exits 1. It exits
+// 122 when the backend cannot be reached, and 125 on other errors,
+// including a backend that cannot report the holder. Flags may also follow
+// KEY.
+//
+// With -o json it prints one JSON object on one line instead, whatever
+// happens once the arguments are valid, with the same exit codes. Its
+// field names are stable:
+//
+//	key           string  KEY
+//	reachable     bool    whether the backend answered
+//	held          bool    whether KEY is held; absent if that could not be told
+//	holder        string  the holder's owner string    } only when
+//	token         number  its fencing token            } held is
+//	remaining_ms  number  its TTL left, in whole ms    } true
+//	error         string  what went wrong, if anything
+//
+// For example
+//
+//	{"key":"job","reachable":true,"held":true,"holder":"5f0e…","token":42,"remaining_ms":29417}
+//	{"key":"job","reachable":false,"error":"open: redis: 127.0.0.1:6379: server unreachable: …"}
 //
 // # locker bench
 //
@@ -116,7 +168,8 @@
 // before. It prints acquire latency (from the call to the grant) and handoff
 // latency (from one holder's release to the next holder's grant, for grants
 // that had to wait) as p50/p99/max, the throughput, and any violations; it
-// exits 1 if there were violations, 125 on usage errors.
+// exits 1 if there were violations, 122 when the backend cannot be reached,
+// 125 on usage errors.
 //
 // # locker drivers
 //

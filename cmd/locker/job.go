@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -138,9 +139,13 @@ func (j *job) run(reaps chan reaped, sigs <-chan os.Signal) (code int, stoppedFo
 	return code, j.termSent || j.killSent
 }
 
-// check acts on the time left before the lock's safe deadline, and arms
-// the timer for the next moment that matters. A deadline that has passed
-// (locker was paused, or renewals failed) gets SIGKILL at once.
+// check acts on the time left before the lock ends, and arms the timer for
+// the next moment that matters. The lock ends at the earlier of its safe
+// deadline (which renewals move forward) and --max-hold's bound, where
+// package locker releases it. SIGTERM goes --grace before the deadline, or
+// --grace (at most half of --max-hold) before the bound; SIGKILL goes
+// killLead before either. A moment that has passed (locker was paused, or
+// renewals failed) gets SIGKILL at once.
 func (j *job) check() {
 	select {
 	case <-j.lk.Lost():
@@ -151,37 +156,56 @@ func (j *job) check() {
 	if j.o.onLost == "ignore" || j.killSent {
 		return
 	}
-	left := time.Until(j.lk.Deadline())
-	if left <= killLead {
-		j.kill("no renewal before its safe deadline")
+	now := time.Now()
+	deadline := j.lk.Deadline()
+	killAt, termAt := deadline.Add(-killLead), deadline.Add(-j.o.grace.d)
+	killWhy := "no renewal before its safe deadline"
+	termWhy := fmt.Sprintf("renewals of lock %q are failing, %v before its safe deadline", j.o.key, deadline.Sub(now).Round(time.Millisecond))
+	if b := j.o.holdBound; !b.IsZero() {
+		if k := b.Add(-killLead); k.Before(killAt) {
+			killAt, killWhy = k, fmt.Sprintf("--max-hold %v reached; the lock is being released", j.o.maxHold)
+		}
+		if t := b.Add(-min(j.o.grace.d, j.o.maxHold/2)); t.Before(termAt) {
+			termAt = t
+			termWhy = fmt.Sprintf("--max-hold %v of lock %q ends in %v", j.o.maxHold, j.o.key, b.Sub(now).Round(time.Millisecond))
+		}
+	}
+	if !now.Before(killAt) {
+		j.kill(killWhy)
 		return
 	}
 	term := j.o.onLost == "term"
-	if term && !j.termSent && left <= j.o.grace.d {
+	if term && !j.termSent && !now.Before(termAt) {
 		j.termSent = true
-		j.o.errorf("run: renewals of lock %q are failing, %v before its safe deadline; sending SIGTERM to the command's process group (SIGKILL at the deadline)",
-			j.o.key, left.Round(time.Millisecond))
+		j.o.errorf("run: %s; sending SIGTERM to the command's process group (SIGKILL at the end)", termWhy)
 		j.signal(syscall.SIGTERM)
 	}
-	next := left - killLead
+	next := killAt
 	if term && !j.termSent {
-		next = left - j.o.grace.d
+		next = termAt
 	}
-	j.timer.Reset(next)
+	j.timer.Reset(next.Sub(now))
 }
 
-// onLost handles the closing of Lost. Before the deadline it means the
-// backend said the lock is gone, so another owner may hold it already:
-// SIGKILL at once, --on-lost term included.
+// onLost handles the closing of Lost. At --max-hold's bound package locker
+// releases the lock: the job is killed (it should have been by check
+// already). Before the deadline it means the backend said the lock is gone,
+// so another owner may hold it already: SIGKILL at once, --on-lost term
+// included.
 func (j *job) onLost() {
 	if j.lost {
 		return
 	}
 	j.lost = true
+	maxHold := errors.Is(j.lk.Err(), locker.CauseMaxHold)
 	switch {
+	case j.o.onLost == "ignore" && maxHold:
+		j.o.errorf("run: --max-hold %v of lock %q reached and the lock released; letting the command run (--on-lost=ignore)", j.o.maxHold, j.o.key)
 	case j.o.onLost == "ignore":
 		j.o.errorf("run: lock %q lost while the command ran; letting it run (--on-lost=ignore)", j.o.key)
 	case j.killSent:
+	case maxHold:
+		j.kill(fmt.Sprintf("--max-hold %v reached; the lock is being released", j.o.maxHold))
 	case time.Until(j.lk.Deadline()) > killLead:
 		j.kill("the backend says it is gone; another owner may hold it")
 	default:

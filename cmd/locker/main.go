@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -18,9 +19,10 @@ import (
 const (
 	exitOK          = 0
 	exitFree        = 1   // status: the key is free; bench: violations found
+	exitUnavailable = 122 // the backend could not be reached (locker.ErrUnavailable)
 	exitLost        = 123 // run: the lock was lost while the command ran
 	exitNotAcquired = 124 // run: the lock was not acquired (held, or --wait ran out)
-	exitUsage       = 125 // bad usage or configuration, or the backend failed
+	exitUsage       = 125 // bad usage or configuration, or the backend failed otherwise
 	exitCannotRun   = 126 // run: the command was found but could not be started
 	exitNotFound    = 127 // run: the command was not found
 )
@@ -36,15 +38,17 @@ func main() {
 }
 
 const usageText = `usage:
-  locker run    [--url URL] [--ttl D] [--wait D] [--on-lost term|kill|ignore] [--grace D] [-v] KEY -- COMMAND [ARGS...]
-  locker status [--url URL] [-v] KEY
+  locker run    [--url URL] [--ttl D] [--wait D] [--on-lost term|kill|ignore] [--grace D]
+                [--max-hold D] [--min-hold D] [-v] KEY -- COMMAND [ARGS...]
+  locker status [--url URL] [-o text|json] [-v] KEY
   locker bench  [--url URL] [--workers N] [--duration D] [--hold H] [--ttl D] [--key KEY] [-v]
   locker drivers
 
 URL defaults to $LOCKER_URL, else file:// (lock files in a local directory).
 Run "locker COMMAND -h" for a command's flags. Exit codes: the command's own;
-123 lock lost; 124 lock not acquired; 125 usage, configuration or backend
-error; 126 command not executable; 127 command not found.
+122 backend unavailable; 123 lock lost; 124 lock not acquired; 125 usage,
+configuration or other backend error; 126 command not executable; 127
+command not found.
 `
 
 // Main runs the locker command with args (without the program name) and
@@ -129,11 +133,29 @@ func (c *common) open(ctx context.Context) (*locker.Locker, error) {
 	if err := l.Ping(pctx); err != nil {
 		l.Close()
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			// No answer at all within pingTimeout: unreachable too.
+			if !errors.Is(err, locker.ErrUnavailable) {
+				err = fmt.Errorf("%w: %w", locker.ErrUnavailable, err)
+			}
 			return nil, fmt.Errorf("backend %s not reachable within %v: %w", redact(c.url), pingTimeout, err)
 		}
 		return nil, fmt.Errorf("backend %s not reachable: %w", redact(c.url), err)
 	}
 	return l, nil
+}
+
+// failCode is the exit code for a backend error: exitUnavailable if it
+// could not be reached, else exitUsage. Unreachable is an error matching
+// locker.ErrUnavailable, or, from a driver that does not wrap its own with
+// it, a network error (*net.OpError: refused, reset, no route) or a
+// connection the server closed (EOF).
+func failCode(err error) int {
+	var nerr *net.OpError
+	if errors.Is(err, locker.ErrUnavailable) || errors.As(err, &nerr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return exitUnavailable
+	}
+	return exitUsage
 }
 
 // redact hides a password in a URL.

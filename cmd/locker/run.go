@@ -86,8 +86,14 @@ type runOpts struct {
 	wait    waitFlag
 	onLost  string
 	grace   graceFlag
+	maxHold time.Duration
+	minHold time.Duration
 	key     string
 	command []string
+
+	// Set once the lock is granted.
+	holdBound time.Time // --max-hold: when package locker ends the lock; zero without
+	minUntil  time.Time // --min-hold: the key stays taken until then; zero without
 }
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
@@ -97,6 +103,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&o.wait, "wait", "how long to wait for the lock: 0 tries once, `D` waits up to D, forever waits without limit")
 	fs.StringVar(&o.onLost, "on-lost", "term", "what to do to the command's process group when the lock is being lost: `term` (SIGTERM --grace before the safe deadline, SIGKILL at it), kill (SIGKILL at the deadline) or ignore")
 	fs.Var(&o.grace, "grace", "with --on-lost=term, how long before the lock's safe deadline SIGTERM goes out when renewals fail (`D` < TTL/2)")
+	fs.DurationVar(&o.maxHold, "max-hold", 0, "stop the job and release the lock `D` after the grant however long the command runs (0: no bound); with --on-lost=term SIGTERM goes --grace (at most D/2) before, SIGKILL at D")
+	fs.DurationVar(&o.minHold, "min-hold", 0, "keep the key taken until `D` after the grant even if the command ends sooner (0: release at once); for cron fleets whose clocks differ")
 	if code, ok := o.parse(fs, args, stdout); !ok {
 		return code
 	}
@@ -158,6 +166,12 @@ func (o *runOpts) parse(fs *flag.FlagSet, args []string, stdout io.Writer) (code
 		return usage("--grace must not be negative, got %v", o.grace.d)
 	case o.grace.set && o.grace.d >= o.ttl/2:
 		return usage("--grace %v does not fit --ttl %v: SIGTERM goes out --grace before the lock's safe deadline, so --grace must be under half the TTL (renewal runs every TTL/3)", o.grace.d, o.ttl)
+	case o.maxHold < 0:
+		return usage("--max-hold must not be negative, got %v", o.maxHold)
+	case o.minHold < 0:
+		return usage("--min-hold must not be negative, got %v", o.minHold)
+	case o.maxHold > 0 && o.minHold > o.maxHold:
+		return usage("--min-hold %v is longer than --max-hold %v", o.minHold, o.maxHold)
 	}
 	if !o.grace.set {
 		o.grace.d = defaultGrace(o.ttl)
@@ -222,7 +236,9 @@ func (o *runOpts) run() int {
 		o.release(lk)
 		return 128 + int(gotSig.(syscall.Signal))
 	}
-	return o.supervise(lk, path, sigs)
+	code = o.supervise(lk, path, sigs)
+	o.holdSession(l, sigs)
+	return code
 }
 
 // acquire opens the backend and takes the lock. On failure it returns a
@@ -234,9 +250,9 @@ func (o *runOpts) acquire(ctx context.Context) (*locker.Lock, *locker.Locker, in
 			return nil, nil, exitUsage
 		}
 		o.errorf("run: %v", err)
-		return nil, nil, exitUsage
+		return nil, nil, failCode(err)
 	}
-	opts := []locker.Option{locker.WithTTL(o.ttl)}
+	opts := []locker.Option{locker.WithTTL(o.ttl), locker.WithMaxHold(o.maxHold), locker.WithMinHold(o.minHold)}
 	lk, err := l.TryAcquire(ctx, o.key, opts...)
 	if errors.Is(err, locker.ErrNotAcquired) && o.wait.d != 0 {
 		if in, ierr := l.Inspect(ctx, o.key); ierr == nil {
@@ -252,6 +268,22 @@ func (o *runOpts) acquire(ctx context.Context) (*locker.Lock, *locker.Locker, in
 		}
 		lk, err = l.Acquire(wctx, o.key, opts...)
 		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+			// The wait ran out: held, unless the backend cannot be reached
+			// now (retries while waiting are not always in the error).
+			if failCode(err) == exitUnavailable {
+				o.errorf("run: %v", err)
+				return nil, l, exitUnavailable
+			}
+			pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+			perr := l.Ping(pctx)
+			cancel()
+			if perr != nil && ctx.Err() == nil {
+				o.errorf("run: waited %v for %q; the backend is not reachable: %v", o.wait.d, o.key, perr)
+				if errors.Is(perr, context.DeadlineExceeded) {
+					return nil, l, exitUnavailable
+				}
+				return nil, l, failCode(perr)
+			}
 			o.errorf("run: %q is still held after waiting %v", o.key, o.wait.d)
 			return nil, l, exitNotAcquired
 		}
@@ -259,6 +291,7 @@ func (o *runOpts) acquire(ctx context.Context) (*locker.Lock, *locker.Locker, in
 	switch {
 	case err == nil:
 		o.logf("acquired %q: token %d, ttl %v", o.key, lk.Token(), lk.TTL())
+		o.granted(lk, l)
 		return lk, l, exitOK
 	case ctx.Err() != nil:
 		return nil, l, exitUsage // interrupted; the caller reports the signal
@@ -267,7 +300,49 @@ func (o *runOpts) acquire(ctx context.Context) (*locker.Lock, *locker.Locker, in
 		return nil, l, exitNotAcquired
 	default:
 		o.errorf("run: %v", err)
-		return nil, l, exitUsage
+		return nil, l, failCode(err)
+	}
+}
+
+// granted records the hold bounds of a lock just granted. Package locker
+// counts --max-hold from the start of the call that won the lock, which is
+// also where the lock's first safe deadline counts from (see
+// locker.Lock.Deadline): deadline = start + TTL - margin, until the first
+// renewal, TTL/3 later. --min-hold counts from after the grant, so the
+// bound here is no earlier than the library's.
+func (o *runOpts) granted(lk *locker.Lock, l *locker.Locker) {
+	if o.minHold > 0 {
+		o.minUntil = time.Now().Add(o.minHold)
+	}
+	if o.maxHold > 0 {
+		ttl := lk.TTL()
+		start := lk.Deadline().Add(-(ttl - l.Capabilities().Margin(ttl)))
+		o.holdBound = start.Add(o.maxHold)
+	}
+}
+
+// holdSession keeps the backend session open until --min-hold's bound
+// where locks end with the session (driver.Capabilities.LockerBound), so
+// that the key stays taken until then. A terminating signal cuts it short.
+func (o *runOpts) holdSession(l *locker.Locker, sigs <-chan os.Signal) {
+	left := time.Until(o.minUntil)
+	if o.minUntil.IsZero() || left <= 0 || !l.Capabilities().LockerBound {
+		return
+	}
+	o.logf("keeping the session open %v, until --min-hold's bound", left.Round(time.Millisecond))
+	t := time.NewTimer(left)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return
+		case s := <-sigs:
+			if s == syscall.SIGUSR1 || s == syscall.SIGUSR2 || s == syscall.SIGTSTP {
+				continue
+			}
+			o.errorf("run: %v: ending the session before --min-hold's bound; %q is free now", s, o.key)
+			return
+		}
 	}
 }
 

@@ -1,0 +1,170 @@
+// Command benchtable reads the output of the benchmarks scripts/bench runs
+// (go test -bench, several packages, -count N) on stdin and prints the
+// README's performance tables as markdown: for each comparison, the median
+// and the range over the N runs of a ratio to its floor. Absolute times are
+// never printed: on a shared machine only ratios measured side by side
+// mean anything.
+//
+//	go run ./internal/benchtable < bench.out
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+func main() {
+	res, err := parse(os.Stdin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchtable:", err)
+		os.Exit(1)
+	}
+	if missing := render(os.Stdout, res); len(missing) > 0 {
+		fmt.Fprintln(os.Stderr, "benchtable: no results for:", strings.Join(missing, "; "))
+		os.Exit(1)
+	}
+}
+
+// results maps "pkg.BenchmarkName/sub" (GOMAXPROCS suffix dropped) and a
+// unit to the values of every run, in order.
+type results map[string]map[string][]float64
+
+// parse reads go test -bench output. "pkg: " lines name the package of the
+// benchmark lines that follow.
+func parse(r io.Reader) (results, error) {
+	res := results{}
+	pkg := ""
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if p, ok := strings.CutPrefix(line, "pkg: "); ok {
+			pkg = strings.TrimPrefix(strings.TrimSpace(p), "github.com/go-locker/locker")
+			pkg = strings.TrimPrefix(pkg, "/")
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
+			continue
+		}
+		if _, err := strconv.Atoi(f[1]); err != nil {
+			continue // a name printed alone, before its result line
+		}
+		name := f[0]
+		if i := strings.LastIndexByte(name, '-'); i > 0 {
+			if _, err := strconv.Atoi(name[i+1:]); err == nil {
+				name = name[:i]
+			}
+		}
+		key := pkg + "." + name
+		if res[key] == nil {
+			res[key] = map[string][]float64{}
+		}
+		for i := 2; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err != nil {
+				return nil, fmt.Errorf("%q: value %q: %v", line, f[i], err)
+			}
+			res[key][f[i+1]] = append(res[key][f[i+1]], v)
+		}
+	}
+	return res, sc.Err()
+}
+
+// row is one line of a table: a metric that is a ratio, or the ratio of
+// two benchmarks' ns/op run one after the other (over, set).
+type row struct {
+	label, bench, unit string
+	over               string // benchmark whose ns/op divides bench's, run by run
+}
+
+type table struct {
+	title string
+	rows  []row
+}
+
+var tables = []table{
+	{
+		title: "Uncontended acquire+release against the floor (the raw client doing the same commands), interleaved in one loop",
+		rows: []row{
+			{label: "Redis (go-redis): driver / raw SET NX PX + release script", bench: "drivers/redis.BenchmarkAcquireReleaseInterleaved", unit: "driver/raw"},
+			{label: "Redis (rueidis): driver / raw SET NX PX + release script", bench: "drivers/rueidis.BenchmarkUncontendedInterleaved", unit: "driver/floor"},
+			{label: "Redis (rueidis): driver / raw rueidis running the driver's scripts", bench: "drivers/rueidis.BenchmarkUncontendedInterleaved", unit: "driver/same-scripts"},
+			{label: "etcd: driver / raw txn put + delete", bench: "drivers/etcd.BenchmarkAcquireReleaseInterleaved", unit: "driver/raw"},
+			{label: "PostgreSQL: driver / raw pg_advisory_lock + unlock", bench: "drivers/postgres.BenchmarkUncontendedInterleaved", unit: "driver/floor"},
+			{label: "PostgreSQL: package locker / raw pg_advisory_lock + unlock", bench: "drivers/postgres.BenchmarkUncontendedInterleaved", unit: "locker/floor"},
+		},
+	},
+	{
+		title: "File driver against its system calls (run one after the other, not interleaved)",
+		rows: []row{
+			{label: "file: driver / raw open+flock+read+write", bench: "drivers/file.BenchmarkAcquireRelease", unit: "ns/op", over: "drivers/file.BenchmarkRawSyscalls"},
+			{label: "file: package locker / raw open+flock+read+write", bench: "drivers/file.BenchmarkLockerAcquireRelease", unit: "ns/op", over: "drivers/file.BenchmarkRawSyscalls"},
+		},
+	},
+	{
+		title: "OpenTelemetry overhead on mem's acquire+release (default global providers, no SDK), rotating blocks in one benchmark",
+		rows: []row{
+			{label: "mem: with OpenTelemetry / without", bench: ".BenchmarkTelemetryOverhead", unit: "ratio"},
+			{label: "mem: control (a second copy without) / without", bench: ".BenchmarkTelemetryOverhead", unit: "control-ratio"},
+		},
+	},
+	{
+		title: "Redis libraries against the raw go-redis floor (bench/redis module), interleaved in one loop",
+		rows: []row{
+			{label: "locker's Redis driver", bench: "bench/redis.BenchmarkInterleaved", unit: "driver/raw"},
+			{label: "package locker (TryAcquire + Release, no auto-renew)", bench: "bench/redis.BenchmarkInterleaved", unit: "locker/raw"},
+			{label: "bsm/redislock", bench: "bench/redis.BenchmarkInterleaved", unit: "bsm/raw"},
+			{label: "go-redsync", bench: "bench/redis.BenchmarkInterleaved", unit: "redsync/raw"},
+		},
+	},
+}
+
+// values returns the ratios of r, one per run.
+func (r row) values(res results) []float64 {
+	v := res[r.bench][r.unit]
+	if r.over == "" {
+		return v
+	}
+	d := res[r.over][r.unit]
+	var out []float64
+	for i := range min(len(v), len(d)) {
+		if d[i] != 0 {
+			out = append(out, v[i]/d[i])
+		}
+	}
+	return out
+}
+
+// render prints the tables and returns the rows that had no results.
+func render(w io.Writer, res results) (missing []string) {
+	for _, t := range tables {
+		fmt.Fprintf(w, "\n%s:\n\n| | median | range | runs |\n|---|---|---|---|\n", t.title)
+		for _, r := range t.rows {
+			v := r.values(res)
+			if len(v) == 0 {
+				missing = append(missing, r.label)
+				fmt.Fprintf(w, "| %s | – | – | 0 |\n", r.label)
+				continue
+			}
+			lo, hi := slices.Min(v), slices.Max(v)
+			fmt.Fprintf(w, "| %s | %.2f× | %.2f–%.2f× | %d |\n", r.label, median(v), lo, hi, len(v))
+		}
+	}
+	return missing
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
