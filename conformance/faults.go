@@ -418,7 +418,7 @@ func (s *suite) checkHistory(t *testing.T, fault string, h *history) {
 	if len(gs) == 0 {
 		t.Errorf("no contender was ever granted the key in %d attempts", h.ops)
 	}
-	t.Logf("fault-matrix: %s", rep.line(fault, len(h.faults), h.ops, h.resumeLs))
+	t.Logf("fault-matrix: test=%s %s", t.Name(), rep.line(fault, len(h.faults), h.ops, h.resumeLs))
 }
 
 // emptyBetween reports whether a data-losing restart began between from
