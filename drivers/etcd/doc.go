@@ -76,6 +76,28 @@
 // Acquire's transaction alone, with the waiter's own live lease, so a waiter
 // whose lease expired while it waited is never told it holds the lock.
 //
+// Loss (driver.HoldWatcher): package locker watches every lock it holds.
+// The driver watches the lock key from the grant's revision on, and Lost()
+// closes when the key is deleted (by another client, or with its lease,
+// revoked by an operator or expired on the server) or overwritten by
+// another owner; the owner's own Refresh and idempotent Acquire keep the
+// key's value and create revision, and a delete by this Locker's Release
+// ends the watch silently: none raises an alarm (TestHoldNoFalseAlarm,
+// TestWatchHoldInputAndStop). A Release by the same owner through another
+// Locker (a WithOwner handover) is a loss for this one.
+// Lost() closes within 50ms of the change for a lock held 200ms or more,
+// and within 150ms right after the grant, when etcd's loop that catches up
+// watches starting in the past (every 100ms) may deliver the first events
+// (TestHoldKeyDeleted, TestHoldKeyDeletedAtOnce, TestHoldLeaseRevoked,
+// TestHoldKeyOverwritten). A waiter can be granted the key before the
+// holder's Lost() closes (both follow the same delete by a few
+// milliseconds): fencing tokens are the remedy. All of a Locker's watches
+// share one gRPC watch stream (TestHoldWatchesShareOneStream). A watch the
+// server cancels (compaction, a member without a leader) is replaced after
+// a read of the key, which reports the loss if the grant is gone
+// (TestHoldWatchCompacted); while the cluster cannot be read, nothing is
+// reported and renewal with its safe deadline ends the lock in time.
+//
 // # TTLs
 //
 // etcd leases have whole-second TTLs, and a server refuses leases shorter

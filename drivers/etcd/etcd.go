@@ -110,7 +110,7 @@ func New(c *clientv3.Client, o Options) (*Locker, error) {
 }
 
 // Locker is the etcd driver.Locker. It also implements driver.Waiter,
-// driver.Inspector, driver.Capable and driver.Pinger. It is safe for
+// driver.HoldWatcher, driver.Inspector, driver.Capable and driver.Pinger. It is safe for
 // concurrent use.
 type Locker struct {
 	c              *clientv3.Client
@@ -136,6 +136,11 @@ type Locker struct {
 	seq      atomic.Uint64 // numbers queue entries
 
 	ka keepalives
+
+	// Own releases, told apart from other deletes by the hold watches
+	// (guarded by mu; see ownRelease).
+	watched  map[string]int         // lock key → hold watches on it
+	releases map[string]*releaseLog // lock key → releases, while watched
 }
 
 func newLocker(c *clientv3.Client, owns bool, prefix string, minTTL, rt time.Duration) *Locker {
@@ -149,6 +154,8 @@ func newLocker(c *clientv3.Client, owns bool, prefix string, minTTL, rt time.Dur
 		base:           base,
 		cancel:         cancel,
 		held:           make(map[string]holding),
+		watched:        make(map[string]int),
+		releases:       make(map[string]*releaseLog),
 		spare:          make(map[int64][]lease),
 	}
 }

@@ -277,7 +277,10 @@ func (l *Locker) Release(ctx context.Context, key, owner string) error {
 	return nil
 }
 
-func (l *Locker) release(ctx context.Context, k, owner string) error {
+func (l *Locker) release(ctx context.Context, k, owner string) (err error) {
+	var rev int64 // the revision of the delete, once it succeeded
+	end := l.releaseStarted(k)
+	defer func() { end(rev) }()
 	if h, ok := l.lookup(k); ok && h.owner == owner {
 		resp, err := l.c.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.rev),
@@ -288,6 +291,7 @@ func (l *Locker) release(ctx context.Context, k, owner string) error {
 			return err
 		}
 		if resp.Succeeded {
+			rev = resp.Header.Revision
 			if h, ok := l.forget(k, h.rev); ok {
 				l.putSpare(h.lease)
 			}
@@ -308,6 +312,7 @@ func (l *Locker) release(ctx context.Context, k, owner string) error {
 	if !resp.Succeeded {
 		return driver.ErrNotHeld
 	}
+	rev = resp.Header.Revision
 	if d := resp.Responses[0].GetResponseDeleteRange(); d != nil && len(d.PrevKvs) == 1 {
 		l.revokeBG(clientv3.LeaseID(d.PrevKvs[0].Lease))
 	}
