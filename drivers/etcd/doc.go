@@ -29,7 +29,7 @@
 // a parameter given twice):
 //
 //	dial_timeout=5s         bound on connecting (and authenticating)
-//	request_timeout=10s     bound on each request whose context has no deadline
+//	request_timeout=10s     bound on each request (a sooner context deadline wins)
 //	keepalive_time=10s      gRPC keepalive ping interval
 //	keepalive_timeout=5s    how long an unanswered ping takes to drop the connection
 //	auto_sync_interval=0    refresh the endpoint list from the cluster this often (0: never)
@@ -97,6 +97,16 @@
 // a read of the key, which reports the loss if the grant is gone
 // (TestHoldWatchCompacted); while the cluster cannot be read, nothing is
 // reported and renewal with its safe deadline ends the lock in time.
+//
+// Errors: a cluster that cannot serve a request is driver.ErrUnavailable:
+// connections refused (TestUnavailableServerStopped) or unanswered
+// (TestUnavailablePartitioned: every call fails within request_timeout),
+// no quorum (TestUnavailableNoQuorum: two of three members stopped), a
+// failed TLS handshake (TestUnavailableTLSHandshake), refused or missing
+// credentials (TestUnavailableAuth: Open fails with a wrong password, every
+// call without one). A key held by someone else is driver.ErrNotAcquired,
+// never ErrUnavailable. When the caller's context ends first, the error
+// wraps ctx.Err() instead.
 //
 // # TTLs
 //
