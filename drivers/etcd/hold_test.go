@@ -430,11 +430,11 @@ func TestHoldWatchesShareOneStream(t *testing.T) {
 		lks = append(lks, lk)
 	}
 	waitUntil(t, 10*time.Second, "five watch requests", func() bool {
-		return countsSince(t, before)["msg:Watch"] >= 5
+		return countsSince(t, before)["Watch"] >= 5
 	})
 	d := countsSince(t, before)
-	if d["started:Watch"] != 1 || d["msg:Watch"] != 5 {
-		t.Fatalf("server saw %v watch streams and %v watch requests, want 1 and 5 (%v)", d["started:Watch"], d["msg:Watch"], d)
+	if d["open:Watch"] != 1 || d["Watch"] != 5 {
+		t.Fatalf("server saw %v watch streams and %v watch requests, want 1 and 5 (%v)", d["open:Watch"], d["Watch"], d)
 	}
 	for _, lk := range lks {
 		if err := lk.Release(ctx); err != nil {
