@@ -57,8 +57,10 @@
 // renewed by a keepalive sent in parallel with the Acquire's transaction;
 // the lock is reported held only once that renewal is confirmed, so a lock
 // is never granted on a lease that expired meanwhile. The uncontended path
-// is thus one transaction to acquire and one to release, like a raw put and
-// delete; renewals travel on one long-lived keepalive stream per Locker.
+// is thus one transaction to acquire (plus that keepalive, in parallel) and
+// one to release, like a raw put and delete; a refresh is one read and one
+// keepalive, and renewals travel on one long-lived keepalive stream per
+// Locker (TestRequestsPerOperation counts them on the server).
 //
 // Release deletes the key in a transaction that compares its value with the
 // owner and, when this Locker granted the lock, its create revision with the
@@ -122,8 +124,8 @@
 // # Limits
 //
 //   - An expired lease's key is deleted by the leader's lease checker, which
-//     runs every 500ms, so a crashed holder's lock is free up to about half a
-//     second after its TTL; a leader change extends every lease by the
+//     runs every 500ms, so a crashed holder's lock is freed after its TTL and
+//     within 0.6s of it (TestExpiryLatency); a leader change extends every lease by the
 //     election timeout plus the TTL (etcd renews them on promotion), so a
 //     crashed holder's lock can outlive its TTL during an election. Neither
 //     ever shortens a lock.
