@@ -283,3 +283,59 @@ func TestTokensSurviveServerRestart(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // the restarted server is electing itself
 	}
 }
+
+// The leader of a 3-member cluster crashes and comes back while a lock is
+// held: the election cancels the hold watch (its member has no leader for
+// a while), which re-reads the key and re-arms instead of reporting a loss;
+// renewals carry on, so Lost() stays open through it all. A delete after
+// the restart is still reported, within the re-read's backoff.
+func TestHoldSurvivesLeaderRestart(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url := c.URL("/hold-restart")
+	h, hd := openLocker(t, url)
+	lk, err := h.TryAcquire(ctx, "res", locker.WithTTL(holdTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lead := c.Leader()
+	if lead == nil {
+		t.Fatal("no leader")
+	}
+	killed := time.Now()
+	lead.Kill()
+	if _, err := c.WaitLeader(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := lead.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitLeader(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Renewals through the new leader: one full renewal cycle after the
+	// cluster is whole again.
+	if err := lk.Refresh(ctx, holdTTL); err != nil {
+		t.Fatalf("refresh after the restart: %v", err)
+	}
+	if isClosed(lk.Lost()) {
+		t.Fatalf("Lost() closed across the leader restart: %v", lk.Err())
+	}
+	t.Logf("leader killed and restarted; cluster whole after %v, lock still held", time.Since(killed))
+	other := c.Client(t)
+	lostCh := lostAt(ctx, lk)
+	faultAt := time.Now()
+	if _, err := other.Delete(ctx, hd.LockKey("res")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-lostCh:
+		t.Logf("delete after the restart: Lost() %v later", at.Sub(faultAt))
+		if !errors.Is(lk.Err(), locker.CauseServer) {
+			t.Fatalf("Err() = %v, want cause server", lk.Err())
+		}
+	case <-time.After(holdRecheckMax + 2*time.Second):
+		t.Fatal("the hold watch missed a delete after the leader restart")
+	}
+}

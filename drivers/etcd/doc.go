@@ -29,7 +29,7 @@
 // a parameter given twice):
 //
 //	dial_timeout=5s         bound on connecting (and authenticating)
-//	request_timeout=10s     bound on each request whose context has no deadline
+//	request_timeout=10s     bound on each request (a sooner context deadline wins)
 //	keepalive_time=10s      gRPC keepalive ping interval
 //	keepalive_timeout=5s    how long an unanswered ping takes to drop the connection
 //	auto_sync_interval=0    refresh the endpoint list from the cluster this often (0: never)
@@ -57,8 +57,10 @@
 // renewed by a keepalive sent in parallel with the Acquire's transaction;
 // the lock is reported held only once that renewal is confirmed, so a lock
 // is never granted on a lease that expired meanwhile. The uncontended path
-// is thus one transaction to acquire and one to release, like a raw put and
-// delete; renewals travel on one long-lived keepalive stream per Locker.
+// is thus one transaction to acquire (plus that keepalive, in parallel) and
+// one to release, like a raw put and delete; a refresh is one read and one
+// keepalive, and renewals travel on one long-lived keepalive stream per
+// Locker (TestRequestsPerOperation counts them on the server).
 //
 // Release deletes the key in a transaction that compares its value with the
 // owner and, when this Locker granted the lock, its create revision with the
@@ -76,6 +78,38 @@
 // Acquire's transaction alone, with the waiter's own live lease, so a waiter
 // whose lease expired while it waited is never told it holds the lock.
 //
+// Loss (driver.HoldWatcher): package locker watches every lock it holds.
+// The driver watches the lock key from the grant's revision on, and Lost()
+// closes when the key is deleted (by another client, or with its lease,
+// revoked by an operator or expired on the server) or overwritten by
+// another owner; the owner's own Refresh and idempotent Acquire keep the
+// key's value and create revision, and a delete by this Locker's Release
+// ends the watch silently: none raises an alarm (TestHoldNoFalseAlarm,
+// TestWatchHoldInputAndStop). A Release by the same owner through another
+// Locker (a WithOwner handover) is a loss for this one.
+// Lost() closes within 50ms of the change for a lock held 200ms or more,
+// and within 150ms right after the grant, when etcd's loop that catches up
+// watches starting in the past (every 100ms) may deliver the first events
+// (TestHoldKeyDeleted, TestHoldKeyDeletedAtOnce, TestHoldLeaseRevoked,
+// TestHoldKeyOverwritten). A waiter can be granted the key before the
+// holder's Lost() closes (both follow the same delete by a few
+// milliseconds): fencing tokens are the remedy. All of a Locker's watches
+// share one gRPC watch stream (TestHoldWatchesShareOneStream). A watch the
+// server cancels (compaction, a member without a leader) is replaced after
+// a read of the key, which reports the loss if the grant is gone
+// (TestHoldWatchCompacted); while the cluster cannot be read, nothing is
+// reported and renewal with its safe deadline ends the lock in time.
+//
+// Errors: a cluster that cannot serve a request is driver.ErrUnavailable:
+// connections refused (TestUnavailableServerStopped) or unanswered
+// (TestUnavailablePartitioned: every call fails within request_timeout),
+// no quorum (TestUnavailableNoQuorum: two of three members stopped), a
+// failed TLS handshake (TestUnavailableTLSHandshake), refused or missing
+// credentials (TestUnavailableAuth: Open fails with a wrong password, every
+// call without one). A key held by someone else is driver.ErrNotAcquired,
+// never ErrUnavailable. When the caller's context ends first, the error
+// wraps ctx.Err() instead.
+//
 // # TTLs
 //
 // etcd leases have whole-second TTLs, and a server refuses leases shorter
@@ -90,8 +124,8 @@
 // # Limits
 //
 //   - An expired lease's key is deleted by the leader's lease checker, which
-//     runs every 500ms, so a crashed holder's lock is free up to about half a
-//     second after its TTL; a leader change extends every lease by the
+//     runs every 500ms, so a crashed holder's lock is freed after its TTL and
+//     within 0.6s of it (TestExpiryLatency); a leader change extends every lease by the
 //     election timeout plus the TTL (etcd renews them on promotion), so a
 //     crashed holder's lock can outlive its TTL during an election. Neither
 //     ever shortens a lock.

@@ -26,8 +26,8 @@ const (
 	DefaultMinTTL = 2 * time.Second
 	// DefaultDialTimeout bounds the initial connection.
 	DefaultDialTimeout = 5 * time.Second
-	// DefaultRequestTimeout bounds every request made with a context that
-	// has no deadline of its own.
+	// DefaultRequestTimeout bounds every request; a context whose deadline
+	// comes sooner bounds it sooner.
 	DefaultRequestTimeout = 10 * time.Second
 	// DefaultKeepAliveTime is the gRPC keepalive ping interval.
 	DefaultKeepAliveTime = 10 * time.Second

@@ -8,8 +8,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/driver"
@@ -41,10 +44,12 @@ type Driver struct{}
 
 // Open parses dsn (see the package documentation for the format) and
 // returns a Locker with its own client. It does not wait for the cluster to
-// answer: an unreachable cluster shows up as errors from the first calls,
-// each bounded by request_timeout (unless user and password are given, in
-// which case Open authenticates, within dial_timeout). A malformed URL, an
-// unknown query parameter or an invalid key prefix is an error wrapping
+// answer: an unreachable cluster shows up as errors wrapping
+// driver.ErrUnavailable from the first calls, each bounded by
+// request_timeout. With user and password, Open authenticates at once,
+// within dial_timeout, and an unreachable cluster or refused credentials
+// are an error wrapping driver.ErrUnavailable. A malformed URL, an unknown
+// query parameter or an invalid key prefix is an error wrapping
 // driver.ErrInvalid.
 func (Driver) Open(dsn string) (driver.Locker, error) {
 	cfg, err := parseDSN(dsn)
@@ -63,7 +68,9 @@ func (Driver) Open(dsn string) (driver.Locker, error) {
 		Logger:               zap.NewNop(),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("etcd: connect to %v: %w", cfg.endpoints, err)
+		// With credentials, New authenticates at once: the cluster was
+		// unreachable, or refused the user name or password.
+		return nil, fmt.Errorf("etcd: connect to %v: %w: %w", cfg.endpoints, driver.ErrUnavailable, err)
 	}
 	return newLocker(c, true, cfg.prefix, cfg.minTTL, cfg.requestTimeout), nil
 }
@@ -76,8 +83,8 @@ type Options struct {
 	// MinTTL is the shortest TTL accepted, a whole number of seconds.
 	// Zero means DefaultMinTTL (2s).
 	MinTTL time.Duration
-	// RequestTimeout bounds each request made with a context that has no
-	// deadline. Zero means DefaultRequestTimeout (10s).
+	// RequestTimeout bounds each request, whatever the context's deadline.
+	// Zero means DefaultRequestTimeout (10s).
 	RequestTimeout time.Duration
 }
 
@@ -110,7 +117,7 @@ func New(c *clientv3.Client, o Options) (*Locker, error) {
 }
 
 // Locker is the etcd driver.Locker. It also implements driver.Waiter,
-// driver.Inspector, driver.Capable and driver.Pinger. It is safe for
+// driver.HoldWatcher, driver.Inspector, driver.Capable and driver.Pinger. It is safe for
 // concurrent use.
 type Locker struct {
 	c              *clientv3.Client
@@ -136,6 +143,11 @@ type Locker struct {
 	seq      atomic.Uint64 // numbers queue entries
 
 	ka keepalives
+
+	// Own releases, told apart from other deletes by the hold watches
+	// (guarded by mu; see ownRelease).
+	watched  map[string]int         // lock key → hold watches on it
+	releases map[string]*releaseLog // lock key → releases, while watched
 }
 
 func newLocker(c *clientv3.Client, owns bool, prefix string, minTTL, rt time.Duration) *Locker {
@@ -149,6 +161,8 @@ func newLocker(c *clientv3.Client, owns bool, prefix string, minTTL, rt time.Dur
 		base:           base,
 		cancel:         cancel,
 		held:           make(map[string]holding),
+		watched:        make(map[string]int),
+		releases:       make(map[string]*releaseLog),
 		spare:          make(map[int64][]lease),
 	}
 }
@@ -230,11 +244,9 @@ func (l *Locker) Close() error {
 	return nil
 }
 
-// opCtx bounds a request by requestTimeout when ctx has no deadline.
+// opCtx bounds a request by requestTimeout, or by ctx's deadline if that
+// comes first.
 func (l *Locker) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return ctx, func() {}
-	}
 	return context.WithTimeout(ctx, l.requestTimeout)
 }
 
@@ -260,10 +272,38 @@ func (l *Locker) fail(ctx context.Context, op, key string, err error) error {
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		// Our own request_timeout, not the caller's deadline.
-		return fmt.Errorf("%s: no answer from %v within the request timeout (%v): %w",
-			where, l.c.Endpoints(), l.requestTimeout, err)
+		return fmt.Errorf("%s: %w: no answer from %v within the request timeout (%v): %w",
+			where, driver.ErrUnavailable, l.c.Endpoints(), l.requestTimeout, err)
+	}
+	if unavailable(err) {
+		return fmt.Errorf("%s: %w: %w", where, driver.ErrUnavailable, err)
 	}
 	return fmt.Errorf("%s: %w", where, err)
+}
+
+// unavailable reports whether err means the cluster could not serve the
+// request at all: no connection (refused, reset, TLS handshake), no leader
+// or quorum, a request the server timed out, a keepalive stream that
+// broke, or failed authentication. An answer about the lock never is.
+func unavailable(err error) bool {
+	if errors.Is(err, errStreamEnded) {
+		return true
+	}
+	err = rpctypes.Error(err)
+	switch {
+	case errors.Is(err, rpctypes.ErrAuthFailed), errors.Is(err, rpctypes.ErrUserEmpty),
+		errors.Is(err, rpctypes.ErrInvalidAuthToken):
+		return true
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.Unavailable || ee.Code() == codes.Unauthenticated
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Code() == codes.Unavailable || st.Code() == codes.Unauthenticated ||
+			st.Code() == codes.DeadlineExceeded
+	}
+	return false
 }
 
 // check validates the arguments shared by the lock operations.

@@ -53,7 +53,11 @@ func (l *Locker) lookup(k string) (holding, bool) {
 // Errors: driver.ErrNotAcquired if another owner holds key;
 // driver.ErrInvalid for an empty or oversized key or owner, or a ttl under
 // the minimum; driver.ErrClosed after Close; ctx.Err() (wrapped) when ctx
-// ends first, in which case the lease created for the attempt is revoked.
+// ends first. An attempt cut short cleans up only a grant it may have
+// created: the lease it put a new lock key on is revoked, but a lock owner
+// held before the attempt (through this Locker or another) is never
+// revoked or deleted, even when the attempt was moving it to a lease of a
+// new TTL (TestCutAcquireKeepsPriorHold).
 func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	if err := l.check("acquire", key, owner); err != nil {
 		return 0, err
@@ -157,8 +161,10 @@ func (l *Locker) tryAcquire(ctx context.Context, k, owner string, secs int64) (t
 	}
 	moved, err := l.moveLease(ctx, k, owner, kv.CreateRevision, *le)
 	if err != nil {
-		// The key may or may not be on le now: le must not be reused.
-		l.revokeNow(le.id)
+		// The key may or may not be on le now. It was held by owner
+		// before this attempt (through this Locker or another), so it
+		// must not be revoked: le is left to expire on its own, holding
+		// at most that key, for the TTL asked.
 		le = nil
 		return 0, false, err
 	}
@@ -241,12 +247,14 @@ func (l *Locker) refresh(ctx context.Context, k, owner string, secs int64) error
 			return err
 		}
 		moved, err := l.moveLease(ctx, k, owner, kv.CreateRevision, *le)
-		if err != nil || !moved {
-			l.revokeBG(le.id)
-			if err == nil {
-				err = driver.ErrNotHeld
-			}
+		if err != nil {
+			// The key may be on le now: le is left to expire on its
+			// own rather than revoked with the lock.
 			return err
+		}
+		if !moved {
+			l.revokeBG(le.id)
+			return driver.ErrNotHeld
 		}
 		l.revokeBG(cur.id)
 		cur = *le
@@ -277,7 +285,10 @@ func (l *Locker) Release(ctx context.Context, key, owner string) error {
 	return nil
 }
 
-func (l *Locker) release(ctx context.Context, k, owner string) error {
+func (l *Locker) release(ctx context.Context, k, owner string) (err error) {
+	var rev int64 // the revision of the delete, once it succeeded
+	end := l.releaseStarted(k)
+	defer func() { end(rev) }()
 	if h, ok := l.lookup(k); ok && h.owner == owner {
 		resp, err := l.c.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(k), "=", h.rev),
@@ -288,6 +299,7 @@ func (l *Locker) release(ctx context.Context, k, owner string) error {
 			return err
 		}
 		if resp.Succeeded {
+			rev = resp.Header.Revision
 			if h, ok := l.forget(k, h.rev); ok {
 				l.putSpare(h.lease)
 			}
@@ -308,6 +320,7 @@ func (l *Locker) release(ctx context.Context, k, owner string) error {
 	if !resp.Succeeded {
 		return driver.ErrNotHeld
 	}
+	rev = resp.Header.Revision
 	if d := resp.Responses[0].GetResponseDeleteRange(); d != nil && len(d.PrevKvs) == 1 {
 		l.revokeBG(clientv3.LeaseID(d.PrevKvs[0].Lease))
 	}
