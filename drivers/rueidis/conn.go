@@ -99,7 +99,7 @@ func (c *conn) Ping(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := cl.Do(ctx, cl.B().Ping().Build()).Error(); err != nil {
+	if err := cl.Do(ctx, cl.B().Ping().Build().Pin()).Error(); err != nil {
 		return c.wrap(ctx, err)
 	}
 	return nil
@@ -158,11 +158,18 @@ func convert(m *rueidis.RedisMessage) (any, error) {
 	}
 }
 
-// doFunc returns a rediscore.DoFunc running one command on cl. A map reply
+// doFunc returns a rediscore.DoFunc running one command on cl.
+//
+// Commands this driver sends are pinned (never returned to rueidis's pool):
+// when a connection breaks, rueidis v1.0.79 retries a command on a new
+// connection and then recycles it while the broken connection's writer may
+// still have read it without synchronisation, which the race detector
+// reports (found by conformance's Faults/Reset). A pinned command is left to
+// the garbage collector instead. A map reply
 // comes back as a map[string]string, a verbatim string (INFO) as a string.
 func doFunc(cl rueidis.Client) rediscore.DoFunc {
 	return func(ctx context.Context, args ...string) (any, error) {
-		msg, err := cl.Do(ctx, cl.B().Arbitrary(args...).Build()).ToMessage()
+		msg, err := cl.Do(ctx, cl.B().Arbitrary(args...).Build().Pin()).ToMessage()
 		if err != nil {
 			if rueidis.IsRedisNil(err) {
 				return nil, nil

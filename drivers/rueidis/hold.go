@@ -41,7 +41,7 @@ func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (f
 func newHoldWatch(client func() rueidis.Client, prefix string) *rediscore.HoldWatch {
 	return rediscore.NewHoldWatch(func(ctx context.Context, lock string) (string, bool, error) {
 		watch := client()
-		v, err := watch.Do(ctx, watch.B().Get().Key(lock).Build()).ToString()
+		v, err := watch.Do(ctx, watch.B().Get().Key(lock).Build().Pin()).ToString() // pinned: see doFunc
 		if rueidis.IsRedisNil(err) {
 			return "", false, nil
 		}

@@ -360,7 +360,7 @@ func checkMaster(cl rueidis.Client, addr string, c *config) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout)
 	defer cancel()
-	arr, err := cl.Do(ctx, cl.B().Role().Build()).ToArray()
+	arr, err := cl.Do(ctx, cl.B().Role().Build().Pin()).ToArray() // pinned: see doFunc
 	if err != nil {
 		return rediscore.MarkUnavailable(fmt.Errorf("rueidis: %s: ROLE: %w", addr, describe(err)))
 	}

@@ -304,7 +304,8 @@ func (w *cscWaiter) arm(ctx context.Context, lock string) (free bool, err error)
 // armOne reads lock on a tracking connection (DoCache with a static TTL:
 // ECHO + GET in OPTOUT mode, or nothing while the value is still cached).
 func armOne(ctx context.Context, c rueidis.Client, lock string) (free bool, err error) {
-	err = c.DoCache(ctx, c.B().Get().Key(lock).Cache().ToStaticTTL(), cacheTTL).Error()
+	// Pinned: see doFunc.
+	err = c.DoCache(ctx, c.B().Get().Key(lock).Cache().ToStaticTTL().Pin(), cacheTTL).Error()
 	switch {
 	case err == nil:
 		return false, nil
