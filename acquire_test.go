@@ -168,6 +168,11 @@ func TestTakeoverAtHolderTTL(t *testing.T) {
 	if late < 0 {
 		t.Fatalf("taken over before the TTL")
 	}
+	// The wake-up at the holder's remaining TTL makes takeover prompt;
+	// without it the backoff (5ms doubling to 500ms) lands up to 500ms late.
+	if late > 100*time.Millisecond {
+		t.Fatalf("taken over %v after the holder's TTL, want within 100ms", late)
+	}
 	if n := f.acquires.Load(); n > 12 {
 		t.Fatalf("%d attempts while waiting %v for a crashed holder", n, ttl)
 	}
