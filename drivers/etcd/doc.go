@@ -90,8 +90,9 @@
 // # Limits
 //
 //   - An expired lease's key is deleted by the leader's lease checker, which
-//     runs every 500ms, so a crashed holder's lock is free up to about half a
-//     second after its TTL; a leader change extends every lease by the
+//     runs every 500ms, so a crashed holder's lock is freed shortly after
+//     its TTL (the conformance suite's Driver/Expiry asserts within TTL/4 +
+//     750ms); a leader change extends every lease by the
 //     election timeout plus the TTL (etcd renews them on promotion), so a
 //     crashed holder's lock can outlive its TTL during an election. Neither
 //     ever shortens a lock.
