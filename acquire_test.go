@@ -268,3 +268,34 @@ func TestLongBlockingWaitRefreshes(t *testing.T) {
 	// It lives its full TTL from then.
 	waitClosed(t, lk.Lost(), 10*time.Second, "Lost")
 }
+
+// Acquire's ctx bounds the wait only: cancelling it after the grant ends
+// neither the lock nor its renewal.
+func TestAcquireContextBoundsWaitOnly(t *testing.T) {
+	st := mem.NewStore()
+	f := newFaulty(st)
+	l := locker.New(f)
+	defer l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	const ttl = 300 * time.Millisecond
+	lk, err := l.Acquire(ctx, "k", locker.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	// Three TTLs later the lock is still held and has been renewed.
+	select {
+	case <-lk.Lost():
+		t.Fatalf("Lost closed after the Acquire context was cancelled: %v", lk.Err())
+	case <-time.After(3 * ttl):
+	}
+	if n := f.refreshes.Load(); n < 3 {
+		t.Fatalf("%d renewals in 3 TTLs after the Acquire context was cancelled", n)
+	}
+	if _, err := st.Locker().Acquire(ctxT(t, 5*time.Second), "k", "other", ttl); !errors.Is(err, locker.ErrNotAcquired) {
+		t.Fatalf("another owner's Acquire: %v, want ErrNotAcquired", err)
+	}
+	if err := lk.Release(ctxT(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
