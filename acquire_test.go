@@ -168,6 +168,11 @@ func TestTakeoverAtHolderTTL(t *testing.T) {
 	if late < 0 {
 		t.Fatalf("taken over before the TTL")
 	}
+	// The wake-up at the holder's remaining TTL makes takeover prompt;
+	// without it the backoff (5ms doubling to 500ms) lands up to 500ms late.
+	if late > 100*time.Millisecond {
+		t.Fatalf("taken over %v after the holder's TTL, want within 100ms", late)
+	}
 	if n := f.acquires.Load(); n > 12 {
 		t.Fatalf("%d attempts while waiting %v for a crashed holder", n, ttl)
 	}
@@ -262,4 +267,35 @@ func TestLongBlockingWaitRefreshes(t *testing.T) {
 	}
 	// It lives its full TTL from then.
 	waitClosed(t, lk.Lost(), 10*time.Second, "Lost")
+}
+
+// Acquire's ctx bounds the wait only: cancelling it after the grant ends
+// neither the lock nor its renewal.
+func TestAcquireContextBoundsWaitOnly(t *testing.T) {
+	st := mem.NewStore()
+	f := newFaulty(st)
+	l := locker.New(f)
+	defer l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	const ttl = 300 * time.Millisecond
+	lk, err := l.Acquire(ctx, "k", locker.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	// Three TTLs later the lock is still held and has been renewed.
+	select {
+	case <-lk.Lost():
+		t.Fatalf("Lost closed after the Acquire context was cancelled: %v", lk.Err())
+	case <-time.After(3 * ttl):
+	}
+	if n := f.refreshes.Load(); n < 3 {
+		t.Fatalf("%d renewals in 3 TTLs after the Acquire context was cancelled", n)
+	}
+	if _, err := st.Locker().Acquire(ctxT(t, 5*time.Second), "k", "other", ttl); !errors.Is(err, locker.ErrNotAcquired) {
+		t.Fatalf("another owner's Acquire: %v, want ErrNotAcquired", err)
+	}
+	if err := lk.Release(ctxT(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -78,6 +78,14 @@ func TestLostAtDeadlineWhenRenewalsFail(t *testing.T) {
 	if f.refreshes.Load() < 3 {
 		t.Fatalf("only %d renewal attempts before the deadline", f.refreshes.Load())
 	}
+	// An owner-checked release follows the presumed loss, in the
+	// background, without the user calling Release.
+	for until := time.Now().Add(5 * time.Second); f.releases.Load() == 0; {
+		if time.Now().After(until) {
+			t.Fatal("no release sent after the presumed loss")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	err = lk.Release(ctx)
 	if !errors.Is(err, locker.ErrNotHeld) || !strings.Contains(err.Error(), "safe deadline") {
 		t.Fatalf("Release after presumed loss: %v", err)

@@ -72,7 +72,8 @@
 // The same inotify watch serves WatchHold (driver.HoldWatcher): when a held
 // key's lock file is removed, or rewritten with another owner or another
 // grant, by a process that broke or took the lease, the holder's Lost closes
-// at once (measured under a millisecond; TestHoldWatcherClosesLost). Every
+// at once (within 100ms, asserted by TestHoldWatcherClosesLost; measured
+// under a millisecond). Every
 // alarm is confirmed by re-reading the record under its flock, and the
 // holder's own refreshes and release raise none (TestHoldWatcherRelease).
 // Without inotify, grants are not watched and renewal finds the loss.

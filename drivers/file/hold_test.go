@@ -61,7 +61,11 @@ func TestHoldWatcherClosesLost(t *testing.T) {
 			tc.break_(t, d)
 			select {
 			case <-lk.Lost():
-				t.Logf("Lost %v after the lease was broken", time.Since(broken))
+				el := time.Since(broken)
+				t.Logf("Lost %v after the lease was broken", el)
+				if el > 100*time.Millisecond {
+					t.Fatalf("Lost closed %v after the lease was broken, want within 100ms", el)
+				}
 			case <-time.After(2 * time.Second):
 				t.Fatal("Lost still open 2s after the lease was broken")
 			}

@@ -135,8 +135,8 @@
 // (driver.HeldError). Refresh and Release are owner-checked updates that
 // never touch an expired row; Release marks the row expired rather than
 // deleting it, so the next grant of the key updates it in place. Every
-// update changes only columns no index covers and is HOT: all of them were
-// in TestLeaseTableReuseAndHOT. A grant, its token and its expiry are
+// update changes only columns no index covers and so can be HOT
+// (TestLeaseTableReuseAndHOT asserts at least 90% of them are). A grant, its token and its expiry are
 // flushed to the WAL before the reply (synchronous_commit is raised to
 // "local" for the statement where it is off; TestLeaseSurvivesCrash runs
 // with it off and the WAL writer asleep). Each LeaseLocker deletes rows

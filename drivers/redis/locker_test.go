@@ -308,8 +308,10 @@ func TestCrashedHolderTakenOverAtTTL(t *testing.T) {
 	if d < ttl-2*time.Millisecond {
 		t.Fatalf("taken over after %v, before the TTL %v", d, ttl)
 	}
-	if d > ttl+1200*time.Millisecond {
-		t.Fatalf("taken over after %v: the PTTL wake-up was not used", d)
+	// Without the wake-up at the PTTL, package locker's fallback timer
+	// (at least 1.6s) would be what retries.
+	if d > ttl+100*time.Millisecond {
+		t.Fatalf("taken over after %v, more than 100ms after the TTL %v", d, ttl)
 	}
 }
 

@@ -402,7 +402,11 @@ func afterLoss(t *testing.T, holder, other *locker.Locker, key string, do Do, be
 	WaitWatched(t, do, k)
 	loseIt()
 	back := time.Now()
-	grantedAt := make(chan time.Time, 1)
+	type grant struct {
+		at    time.Time
+		token uint64
+	}
+	grantedAt := make(chan grant, 1)
 	go func() {
 		deadline := time.Now().Add(30 * time.Second)
 		for time.Now().Before(deadline) {
@@ -410,13 +414,13 @@ func afterLoss(t *testing.T, holder, other *locker.Locker, key string, do Do, be
 			lk2, err := other.TryAcquire(c, key, locker.WithTTL(30*time.Second), locker.WithAutoRenew(false))
 			cancel()
 			if err == nil {
-				grantedAt <- time.Now()
+				grantedAt <- grant{time.Now(), lk2.Token()}
 				_ = lk2.Release(ctx)
 				return
 			}
 			time.Sleep(time.Millisecond) // retrying an attempt, bounded by the deadline
 		}
-		grantedAt <- time.Time{}
+		grantedAt <- grant{}
 	}()
 	select {
 	case <-lk.Lost():
@@ -428,10 +432,15 @@ func afterLoss(t *testing.T, holder, other *locker.Locker, key string, do Do, be
 		t.Fatalf("lk.Err() = %v, want cause server", lk.Err())
 	}
 	g := <-grantedAt
-	if g.IsZero() {
+	if g.at.IsZero() {
 		t.Fatal("the other owner was never granted the key")
 	}
-	granted = g.Sub(back)
+	// The server lost the grant and its token counter with it: the
+	// server-TIME floor still makes the next token larger.
+	if g.token <= lk.Token() {
+		t.Fatalf("token %d granted after the server lost the lock, want > %d", g.token, lk.Token())
+	}
+	granted = g.at.Sub(back)
 	t.Logf("server back without the lock: holder's Lost() after %v, other owner granted after %v", lost, granted)
 	if lost > LossBound {
 		t.Fatalf("Lost() closed %v after the server was back without the lock, want within %v", lost, LossBound)
