@@ -120,7 +120,7 @@
 // overwritten) and TestHoldWatchEviction; measured 0.1–4.2ms on loopback
 // under -race over ten runs. A server that restarts empty, or a Sentinel
 // failover that loses the grant, closes Lost() once the watch has
-// reconnected and re-read the key: within 2s of the server being back,
+// reconnected and re-read the key: within 3s of the server being back,
 // asserted by TestHoldWatchRestart and TestHoldWatchFailover (the measured
 // gaps are in the README's failure table). Another owner may be granted
 // the key before Lost() closes; fencing tokens cover that gap. The

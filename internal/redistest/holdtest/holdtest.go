@@ -388,7 +388,7 @@ func FailedOver(t *testing.T, of func(addrs ...string) string) (lost, granted ti
 
 // LossBound is the longest time allowed between the server being back
 // without the lock (restarted empty, failed over) and the holder's Lost().
-const LossBound = 2 * time.Second
+const LossBound = 3 * time.Second
 
 func afterLoss(t *testing.T, holder, other *locker.Locker, key string, do Do, before, loseIt func()) (lost, granted time.Duration) {
 	ctx := context.Background()
