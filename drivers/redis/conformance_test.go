@@ -106,3 +106,19 @@ func TestConformanceTLS(t *testing.T) {
 	s := redistest.StartTLS(t)
 	conformance.Run(t, openHarness("rediss://"+s.Addr+"?insecure_skip_verify=true", 0))
 }
+
+// TestCommandsPerOperation counts, with the servers' MONITOR, the commands
+// each operation sends (drivertest.Commands): one per operation on a single
+// server; on a Redlock over 3 masters, 3 per refresh and release and 6 per
+// acquire (a vote on every node, then the token written back).
+func TestCommandsPerOperation(t *testing.T) {
+	s := redistest.Start(t)
+	t.Run("single", func(t *testing.T) {
+		drivertest.Commands(t, []string{s.Addr}, func() (driver.Locker, error) { return Open(urlOf(s.Addr)) })
+	})
+	ms := redistest.StartN(t, 3)
+	t.Run("redlock", func(t *testing.T) {
+		addrs := redistest.Addrs(ms)
+		drivertest.Commands(t, addrs, func() (driver.Locker, error) { return Open(urlOf(addrs...)) })
+	})
+}

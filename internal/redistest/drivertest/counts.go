@@ -1,0 +1,159 @@
+package drivertest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/redistest"
+)
+
+// monitor records the commands clients send to one server, through
+// MONITOR, leaving out the commands scripts run ("[0 lua]") and the
+// background traffic of the clients (PING, CLIENT, HELLO).
+type monitor struct {
+	conn net.Conn
+	mu   sync.Mutex
+	cmds []string
+	mark string // a command sent by the test to fence off what came before
+	seen chan struct{}
+}
+
+func startMonitor(t *testing.T, addr string) *monitor {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if _, err := c.Write([]byte("MONITOR\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "+OK") {
+		t.Fatalf("MONITOR: %q %v", line, err)
+	}
+	m := &monitor{conn: c, seen: make(chan struct{}, 16)}
+	go func() {
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if strings.Contains(line, " lua] ") {
+				continue
+			}
+			_, cmd, ok := strings.Cut(line, "] \"")
+			if !ok {
+				continue
+			}
+			name, _, _ := strings.Cut(cmd, "\"")
+			name = strings.ToLower(name)
+			m.mu.Lock()
+			switch {
+			case strings.Contains(line, m.mark) && m.mark != "":
+				m.seen <- struct{}{}
+			case name == "ping" || name == "client" || name == "hello" || name == "echo":
+			default:
+				m.cmds = append(m.cmds, name)
+			}
+			m.mu.Unlock()
+		}
+	}()
+	return m
+}
+
+// take returns the commands recorded since the last take: it sends a
+// marker command to the server and waits until MONITOR has shown it, so
+// every command sent before is in.
+func (m *monitor) take(t *testing.T, addr string, n int) []string {
+	t.Helper()
+	m.mu.Lock()
+	m.mark = fmt.Sprintf("drivertest-mark-%d", n)
+	m.mu.Unlock()
+	if _, err := redistest.Do(addr, "ECHO", m.mark); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-m.seen:
+	case <-time.After(10 * time.Second):
+		t.Fatal("MONITOR did not show the marker within 10s")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	got := m.cmds
+	m.cmds = nil
+	return got
+}
+
+// Commands asserts how many commands (round trips: the driver sends one
+// command per round trip and node) each operation of a raw driver.Locker
+// sends to each server, counted by the servers themselves (MONITOR, script
+// internals left out): acquire, refresh and release are one EVALSHA each on
+// a single server; on a Redlock over len(addrs) masters, release and
+// refresh are one EVALSHA per node, and acquire is the gate node's
+// EVALSHA, then one on every other node, then the token write-back
+// (one EVALSHA per granting node), so 2×N commands in three rounds.
+// open opens a driver on the servers.
+func Commands(t *testing.T, addrs []string, open func() (driver.Locker, error)) {
+	d, err := open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Warm up: scripts loaded (a script's first use is EVALSHA, NOSCRIPT,
+	// then EVAL), connections open.
+	if _, err := d.Acquire(ctx, "warm", "o", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Refresh(ctx, "warm", "o", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Release(ctx, "warm", "o"); err != nil {
+		t.Fatal(err)
+	}
+	ms := make([]*monitor, len(addrs))
+	for i, a := range addrs {
+		ms[i] = startMonitor(t, a)
+	}
+	n := 0
+	count := func(what string, want func(node int) int, op func() error) {
+		t.Helper()
+		if err := op(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		n++
+		total, wantTotal := 0, 0
+		for i, m := range ms {
+			got := m.take(t, addrs[i], n)
+			for _, c := range got {
+				if c != "evalsha" {
+					t.Errorf("%s: node %d got %q, want only EVALSHA (all: %v)", what, i, c, got)
+				}
+			}
+			total += len(got)
+			wantTotal += want(i)
+		}
+		if total != wantTotal {
+			t.Errorf("%s: %d commands on %d servers, want %d", what, total, len(addrs), wantTotal)
+		}
+		t.Logf("%s: %d commands on %d servers", what, total, len(addrs))
+	}
+	nodes := len(addrs)
+	one := func(int) int { return 1 }
+	acquire := one
+	if nodes > 1 {
+		acquire = func(int) int { return 2 } // a vote, and the token written back
+	}
+	count("acquire", acquire, func() error { _, err := d.Acquire(ctx, "k", "o", time.Minute); return err })
+	count("refresh", one, func() error { return d.Refresh(ctx, "k", "o", time.Minute) })
+	count("release", one, func() error { return d.Release(ctx, "k", "o") })
+}
