@@ -113,8 +113,8 @@ func TestConformanceCluster(t *testing.T) {
 // TestConformanceSentinel runs the suite, fault subtests included (see
 // drivertest.SentinelFaultHarness), on a master, a replica and a sentinel.
 func TestConformanceSentinel(t *testing.T) {
-	addr, sn := drivertest.SentinelFaultServers(t)
-	conformance.Run(t, drivertest.SentinelFaultHarness(t, addr, sn, func(addr string) (driver.Locker, error) {
+	addr := drivertest.SentinelFaultServers(t)
+	conformance.Run(t, drivertest.SentinelFaultHarness(addr, func(addr string) (driver.Locker, error) {
 		l, err := Open(urlOf(addr) + "?sentinel_master=mymaster")
 		if err != nil {
 			return nil, err

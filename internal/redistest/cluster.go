@@ -104,13 +104,12 @@ type Sentinel struct {
 }
 
 // StartSentinel starts a master, a replica of it and a sentinel, and waits
-// until the replica is in sync and the sentinel knows the master.
-// masterArgs are added to the master's command line (for example
-// "--appendonly", "yes"). It calls t.Fatal on failure.
-func StartSentinel(t testing.TB, masterArgs ...string) *Sentinel {
+// until the replica is in sync and the sentinel knows the master. It calls
+// t.Fatal on failure.
+func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
 	sn := &Sentinel{Name: "mymaster"}
-	sn.Master = Start(t, masterArgs...)
+	sn.Master = Start(t)
 	sn.Replica = Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(sn.Master.Port))
 	sn.Sentinel = startSentinel(t, sn.Name, sn.Master.Port)
 	deadline := time.Now().Add(60 * time.Second)

@@ -205,47 +205,39 @@ func ClusterFaultHarness(t *testing.T, addrs []string, c *redistest.Cluster, ope
 	return h
 }
 
-// SentinelFaultServers starts a master (with an append-only file synced
-// on every write), a replica and a sentinel for SentinelFaultHarness. In
-// the child process of Faults/Pause it starts nothing and returns the
-// parent's sentinel address.
-func SentinelFaultServers(t *testing.T) (sentinelAddr string, sn *redistest.Sentinel) {
+// SentinelFaultServers starts a master, a replica and a sentinel for
+// SentinelFaultHarness. In the child process of Faults/Pause it starts
+// nothing and returns the parent's sentinel address.
+func SentinelFaultServers(t *testing.T) (sentinelAddr string) {
 	if a := childAddrs(); a != nil {
-		return a[0], nil
+		return a[0]
 	}
-	sn = redistest.StartSentinel(t, aofAlways...)
-	return sn.Sentinel.Addr, sn
+	return redistest.StartSentinel(t).Sentinel.Addr
 }
 
 // SentinelFaultHarness returns a conformance Harness for the sentinel
-// set-up at sentinelAddr with the Restart and Pause hooks: Restart kills
-// the master with SIGKILL and starts it again from its append-only file,
-// well within the sentinel's down-after-milliseconds (1s), and fails if the
-// sentinel failed over meanwhile (that would be a failover, not a
-// restart); Pause holds a lock from a child process. open opens a Locker
-// on the sentinel's address. sn is nil in the child process.
+// set-up at sentinelAddr with the Pause hook: a lock held from a child
+// process. open opens a Locker on the sentinel's address.
 //
 // No Cut or Reset: the client asks the sentinel for the master's address
 // and connects there directly, so a proxy per Locker in front of the
 // sentinel does not sit between a Locker and the master.
-func SentinelFaultHarness(t *testing.T, sentinelAddr string, sn *redistest.Sentinel, open func(sentinelAddr string) (driver.Locker, error)) conformance.Harness {
-	h := conformance.Harness{
+//
+// No Restart: killing the master and starting it again from an
+// append-only file, about five times in 2s, each time back well within
+// down-after-milliseconds (1s), still made the sentinel see the master
+// down for 1s in 2 runs of 8 (its PINGs kept landing on restarts); it
+// failed over to the replica, which had missed the last writes, so a grant
+// made on the old master vanished and another owner was granted while the
+// holder still believed it held: 6.4ms and 0.76ms before its Lost closed
+// (rueidis, TestConformanceSentinel, go test -race; the sentinel's log of
+// the second shows +switch-master). That is the asynchronous replication
+// of a failover, which no hook can stage as a restart that keeps the data;
+// RestartEmpty would be the same failover.
+func SentinelFaultHarness(sentinelAddr string, open func(sentinelAddr string) (driver.Locker, error)) conformance.Harness {
+	return conformance.Harness{
 		Open:     func(ctx context.Context) (driver.Locker, error) { return open(sentinelAddr) },
 		Pause:    true,
 		ChildEnv: []string{addrsEnv + "=" + sentinelAddr},
 	}
-	if sn != nil {
-		h.Restart = func(context.Context) error {
-			sn.Master.Restart()
-			v, err := sn.Sentinel.Do("SENTINEL", "get-master-addr-by-name", sn.Name)
-			if err != nil {
-				return fmt.Errorf("asking the sentinel for the master: %w", err)
-			}
-			if a, _ := v.([]any); len(a) != 2 || fmt.Sprint(a[0])+":"+fmt.Sprint(a[1]) != sn.Master.Addr {
-				return fmt.Errorf("the sentinel failed over during the restart: master is %v, want %s", v, sn.Master.Addr)
-			}
-			return nil
-		}
-	}
-	return h
 }
