@@ -13,20 +13,6 @@ import (
 	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
-// openHarness returns a Harness that opens a fresh Locker on dsn per call.
-func openHarness(dsn string, minTTL time.Duration) conformance.Harness {
-	return conformance.Harness{
-		Open: func(ctx context.Context) (driver.Locker, error) {
-			l, err := Open(dsn)
-			if err != nil {
-				return nil, err
-			}
-			return l, nil
-		},
-		MinTTL: minTTL,
-	}
-}
-
 // TestConformanceSingle runs the suite, fault subtests included (see
 // drivertest.FaultHarness), on one server.
 func TestConformanceSingle(t *testing.T) {
