@@ -81,23 +81,46 @@ func (c *closeBoth) Close() error {
 	return err
 }
 
+// TestConformanceRedlock runs the suite, fault subtests included (see
+// drivertest.RedlockFaultHarness), on five masters.
 func TestConformanceRedlock(t *testing.T) {
-	ms := redistest.StartN(t, 5)
-	addrs := redistest.Addrs(ms)
+	addrs, ms := drivertest.RedlockFaultServers(t, 5)
 	// node_timeout 200ms: generous for a loaded machine under -race.
-	dsn := drivertest.With(urlOf(addrs...), "node_timeout=200ms")
-	l := openT(t, dsn)
-	conformance.Run(t, openHarness(dsn, l.Capabilities().MinTTL))
+	dsnOf := func(addrs []string) string { return drivertest.With(urlOf(addrs...), "node_timeout=200ms") }
+	l := openT(t, dsnOf(addrs))
+	conformance.Run(t, drivertest.RedlockFaultHarness(t, addrs, ms, l.Capabilities().MinTTL, func(addrs []string) (driver.Locker, error) {
+		l, err := Open(dsnOf(addrs))
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}))
 }
 
+// TestConformanceCluster runs the suite, fault subtests included (see
+// drivertest.ClusterFaultHarness), on a Cluster of three masters.
 func TestConformanceCluster(t *testing.T) {
-	c := redistest.StartCluster(t, 3)
-	conformance.Run(t, openHarness(urlOf(c.Addrs()...)+"?cluster=true", 0))
+	addrs, c := drivertest.ClusterFaultServers(t, 3)
+	conformance.Run(t, drivertest.ClusterFaultHarness(t, addrs, c, func(addrs []string) (driver.Locker, error) {
+		l, err := Open(urlOf(addrs...) + "?cluster=true")
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}))
 }
 
+// TestConformanceSentinel runs the suite, fault subtests included (see
+// drivertest.SentinelFaultHarness), on a master, a replica and a sentinel.
 func TestConformanceSentinel(t *testing.T) {
-	sn := redistest.StartSentinel(t)
-	conformance.Run(t, openHarness(urlOf(sn.Sentinel.Addr)+"?sentinel_master="+sn.Name, 0))
+	addr := drivertest.SentinelFaultServers(t)
+	conformance.Run(t, drivertest.SentinelFaultHarness(addr, func(addr string) (driver.Locker, error) {
+		l, err := Open(urlOf(addr) + "?sentinel_master=mymaster")
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}))
 }
 
 // rediss:// against a TLS-only server (self-signed certificate, so the

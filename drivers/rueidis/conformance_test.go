@@ -13,20 +13,6 @@ import (
 	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
-// openHarness returns a Harness that opens a fresh Locker on dsn per call.
-func openHarness(dsn string, minTTL time.Duration) conformance.Harness {
-	return conformance.Harness{
-		Open: func(ctx context.Context) (driver.Locker, error) {
-			l, err := Open(dsn)
-			if err != nil {
-				return nil, err
-			}
-			return l, nil
-		},
-		MinTTL: minTTL,
-	}
-}
-
 // TestConformanceSingle runs the suite, fault subtests included (see
 // drivertest.FaultHarness), on one server.
 func TestConformanceSingle(t *testing.T) {
@@ -72,25 +58,48 @@ func (c *closeBoth) Close() error {
 	return err
 }
 
+// TestConformanceRedlock runs the suite, fault subtests included (see
+// drivertest.RedlockFaultHarness), on five masters.
 func TestConformanceRedlock(t *testing.T) {
-	ms := redistest.StartN(t, 5)
-	addrs := redistest.Addrs(ms)
+	addrs, ms := drivertest.RedlockFaultServers(t, 5)
 	// A node_timeout above the default 100ms: under -race on a loaded
 	// 2-core host a node can miss 100ms, and a missed quorum costs a
 	// retry and a clean-up on every node.
-	dsn := urlOf(addrs...) + "?node_timeout=250ms"
-	l := openT(t, dsn)
-	conformance.Run(t, openHarness(dsn, l.Capabilities().MinTTL))
+	dsnOf := func(addrs []string) string { return urlOf(addrs...) + "?node_timeout=250ms" }
+	l := openT(t, dsnOf(addrs))
+	conformance.Run(t, drivertest.RedlockFaultHarness(t, addrs, ms, l.Capabilities().MinTTL, func(addrs []string) (driver.Locker, error) {
+		l, err := Open(dsnOf(addrs))
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}))
 }
 
+// TestConformanceCluster runs the suite, fault subtests included (see
+// drivertest.ClusterFaultHarness), on a Cluster of three masters.
 func TestConformanceCluster(t *testing.T) {
-	c := redistest.StartCluster(t, 3)
-	conformance.Run(t, openHarness(urlOf(c.Addrs()...)+"?cluster=true", 0))
+	addrs, c := drivertest.ClusterFaultServers(t, 3)
+	conformance.Run(t, drivertest.ClusterFaultHarness(t, addrs, c, func(addrs []string) (driver.Locker, error) {
+		l, err := Open(urlOf(addrs...) + "?cluster=true")
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}))
 }
 
+// TestConformanceSentinel runs the suite, fault subtests included (see
+// drivertest.SentinelFaultHarness), on a master, a replica and a sentinel.
 func TestConformanceSentinel(t *testing.T) {
-	sn := redistest.StartSentinel(t)
-	conformance.Run(t, openHarness(urlOf(sn.Sentinel.Addr)+"?sentinel_master="+sn.Name, 0))
+	addr := drivertest.SentinelFaultServers(t)
+	conformance.Run(t, drivertest.SentinelFaultHarness(addr, func(addr string) (driver.Locker, error) {
+		l, err := Open(urlOf(addr) + "?sentinel_master=mymaster")
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}))
 }
 
 // NewRedlock over adopted clients (pub/sub waits on every master).

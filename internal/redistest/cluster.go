@@ -26,14 +26,15 @@ func (c *Cluster) Addrs() []string {
 
 // StartCluster starts n masters with cluster-enabled, assigns every slot
 // (CLUSTER ADDSLOTSRANGE), joins them (CLUSTER MEET) and waits until every
-// node reports cluster_state:ok and knows all slots. It calls t.Fatal on
-// failure.
-func StartCluster(t testing.TB, n int) *Cluster {
+// node reports cluster_state:ok and knows all slots. args are added to
+// every node's command line (for example "--appendonly", "yes"). It calls
+// t.Fatal on failure.
+func StartCluster(t testing.TB, n int, args ...string) *Cluster {
 	t.Helper()
 	c := &Cluster{}
 	for i := 0; i < n; i++ {
-		c.Masters = append(c.Masters, Start(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"))
+		c.Masters = append(c.Masters, Start(t, append([]string{"--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"}, args...)...))
 	}
 	const slots = 16384
 	for i, s := range c.Masters {
@@ -47,20 +48,29 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			t.Fatalf("redistest: CLUSTER MEET %s: %v", s.Addr, err)
 		}
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	if err := c.WaitReady(60 * time.Second); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	return c
+}
+
+// WaitReady waits up to limit until every master reports cluster_state:ok,
+// knows every node and serves every slot range.
+func (c *Cluster) WaitReady(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
 	for _, s := range c.Masters {
 		for {
-			err := clusterReady(s, n)
+			err := clusterReady(s, len(c.Masters))
 			if err == nil {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("redistest: cluster not ready: %v", err)
+				return fmt.Errorf("cluster not ready after %v: %w", limit, err)
 			}
 			time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
 		}
 	}
-	return c
+	return nil
 }
 
 func clusterReady(s *Server, n int) error {
