@@ -324,9 +324,10 @@
 //
 // A driver's test stages the faults it can through the Harness's hooks
 // (Cut, Reset, Restart, RestartEmpty, Pause); Run then runs one subtest per
-// hook set, named Faults/<hook>, one at a time after all the others. The
-// fault proxy in package faultproxy is one way to build Cut and Reset for
-// a TCP backend. Each fault subtest runs three Lockers (separate "processes")
+// hook set, named Faults/<hook>, one at a time after all the others.
+// Proxied builds Open, Cut and Reset for a TCP backend on the fault proxy of
+// package faultproxy: every Locker reaches the servers through proxies of
+// its own. Each fault subtest runs three Lockers (separate "processes")
 // that take turns holding one key for a bounded time (FaultTimeEnv; 8 units
 // and at least 2s by default), while the fault is injected at random moments,
 // aimed at the current holder where it has one. A holder, while it believes

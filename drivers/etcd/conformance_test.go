@@ -4,16 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"net/url"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-locker/locker/conformance"
-	"github.com/go-locker/locker/conformance/faultproxy"
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/etcdtest"
 )
@@ -91,65 +88,17 @@ func faultHarness(t *testing.T, raw string, restart func(context.Context) error)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	proxies := map[driver.Locker][]*faultproxy.Proxy{}
-	proxyOf := func(d driver.Locker) ([]*faultproxy.Proxy, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if ps := proxies[d]; ps != nil {
-			return ps, nil
-		}
-		return nil, fmt.Errorf("%T was not opened by this Harness", d)
-	}
+	px := conformance.NewProxied(strings.Split(u.Host, ","), func(_ context.Context, addrs []string) (driver.Locker, error) {
+		pu := *u
+		pu.Host = strings.Join(addrs, ",")
+		return Driver{}.Open(pu.String())
+	})
+	t.Cleanup(func() { _ = px.Close() })
 	return conformance.Harness{
-		Open: func(ctx context.Context) (driver.Locker, error) {
-			var ps []*faultproxy.Proxy
-			var hosts []string
-			for _, host := range strings.Split(u.Host, ",") {
-				p, err := faultproxy.New(host)
-				if err != nil {
-					return nil, err
-				}
-				t.Cleanup(func() { _ = p.Close() })
-				ps = append(ps, p)
-				hosts = append(hosts, p.Addr())
-			}
-			pu := *u
-			pu.Host = strings.Join(hosts, ",")
-			d, err := Driver{}.Open(pu.String())
-			if err != nil {
-				return nil, err
-			}
-			mu.Lock()
-			proxies[d] = ps
-			mu.Unlock()
-			return d, nil
-		},
-		MinTTL: DefaultMinTTL,
-		Cut: func(d driver.Locker) (func(), error) {
-			ps, err := proxyOf(d)
-			if err != nil {
-				return nil, err
-			}
-			for _, p := range ps {
-				p.Blackhole()
-			}
-			return func() {
-				for _, p := range ps {
-					p.Heal()
-				}
-			}, nil
-		},
-		Reset: func(d driver.Locker) error {
-			ps, err := proxyOf(d)
-			if err != nil {
-				return err
-			}
-			for _, p := range ps {
-				p.Reset()
-			}
-			return nil
-		},
+		Open:     px.Open,
+		MinTTL:   DefaultMinTTL,
+		Cut:      px.Cut,
+		Reset:    px.Reset,
 		Pause:    true,
 		ChildEnv: []string{faultsURLEnv + "=" + raw, "LOCKER_TEST_ETCD_URL=" + raw},
 		Restart:  restart,

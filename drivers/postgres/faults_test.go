@@ -2,15 +2,12 @@ package postgres
 
 import (
 	"context"
-	"fmt"
 	"net/url"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-locker/locker/conformance"
-	"github.com/go-locker/locker/conformance/faultproxy"
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/pgtest"
 )
@@ -41,56 +38,21 @@ func faultServer(t *testing.T) (string, *pgtest.Server) {
 // process. PostgreSQL never loses committed data, so there is no
 // RestartEmpty.
 func faultHarness(t *testing.T, rawURL string, srv *pgtest.Server, open func(ctx context.Context, url string) (driver.Locker, error), bound map[string]time.Duration) conformance.Harness {
-	var mu sync.Mutex
-	proxies := map[driver.Locker]*faultproxy.Proxy{}
-	proxyOf := func(d driver.Locker) (*faultproxy.Proxy, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if p := proxies[d]; p != nil {
-			return p, nil
-		}
-		return nil, fmt.Errorf("%T was not opened by this Harness", d)
-	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		t.Fatal(err)
 	}
+	px := conformance.NewProxied([]string{u.Host}, func(ctx context.Context, addrs []string) (driver.Locker, error) {
+		pu := *u
+		pu.Host = addrs[0]
+		return open(ctx, pu.String())
+	})
+	t.Cleanup(func() { _ = px.Close() })
 	h := conformance.Harness{
-		Open: func(ctx context.Context) (driver.Locker, error) {
-			p, err := faultproxy.New(u.Host)
-			if err != nil {
-				return nil, err
-			}
-			pu := *u
-			pu.Host = p.Addr()
-			d, err := open(ctx, pu.String())
-			if err != nil {
-				_ = p.Close()
-				return nil, err
-			}
-			mu.Lock()
-			proxies[d] = p
-			mu.Unlock()
-			t.Cleanup(func() { _ = p.Close() })
-			return d, nil
-		},
-		MinTTL: 100 * time.Millisecond,
-		Cut: func(d driver.Locker) (func(), error) {
-			p, err := proxyOf(d)
-			if err != nil {
-				return nil, err
-			}
-			p.Blackhole()
-			return p.Heal, nil
-		},
-		Reset: func(d driver.Locker) error {
-			p, err := proxyOf(d)
-			if err != nil {
-				return err
-			}
-			p.Reset()
-			return nil
-		},
+		Open:      px.Open,
+		MinTTL:    100 * time.Millisecond,
+		Cut:       px.Cut,
+		Reset:     px.Reset,
 		Pause:     true,
 		ChildEnv:  []string{faultsURLEnv + "=" + rawURL},
 		LostBound: bound,

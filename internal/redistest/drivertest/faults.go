@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-locker/locker/conformance"
-	"github.com/go-locker/locker/conformance/faultproxy"
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/redistest"
 )
@@ -43,49 +41,14 @@ func FaultServer(t *testing.T) (addr string, s *redistest.Server) {
 // when the watch reconnects, so another owner may be granted up to that
 // long before Lost closes.
 func FaultHarness(t *testing.T, addr string, s *redistest.Server, open func(addr string) (driver.Locker, error)) conformance.Harness {
-	var mu sync.Mutex
-	proxies := map[driver.Locker]*faultproxy.Proxy{}
-	proxyOf := func(d driver.Locker) (*faultproxy.Proxy, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if p := proxies[d]; p != nil {
-			return p, nil
-		}
-		return nil, fmt.Errorf("drivertest: %T was not opened by this Harness", d)
-	}
+	px := conformance.NewProxied([]string{addr}, func(_ context.Context, addrs []string) (driver.Locker, error) {
+		return open(addrs[0])
+	})
+	t.Cleanup(func() { _ = px.Close() })
 	h := conformance.Harness{
-		Open: func(ctx context.Context) (driver.Locker, error) {
-			p, err := faultproxy.New(addr)
-			if err != nil {
-				return nil, err
-			}
-			d, err := open(p.Addr())
-			if err != nil {
-				_ = p.Close()
-				return nil, err
-			}
-			mu.Lock()
-			proxies[d] = p
-			mu.Unlock()
-			t.Cleanup(func() { _ = p.Close() })
-			return d, nil
-		},
-		Cut: func(d driver.Locker) (func(), error) {
-			p, err := proxyOf(d)
-			if err != nil {
-				return nil, err
-			}
-			p.Blackhole()
-			return p.Heal, nil
-		},
-		Reset: func(d driver.Locker) error {
-			p, err := proxyOf(d)
-			if err != nil {
-				return err
-			}
-			p.Reset()
-			return nil
-		},
+		Open:      px.Open,
+		Cut:       px.Cut,
+		Reset:     px.Reset,
 		Pause:     true,
 		ChildEnv:  []string{addrEnv + "=" + addr},
 		LostBound: map[string]time.Duration{"RestartEmpty": 250 * time.Millisecond},

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/go-locker/locker/conformance"
-	"github.com/go-locker/locker/conformance/faultproxy"
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/redistest"
 )
@@ -75,70 +74,15 @@ func RedlockFaultServers(t *testing.T, n int) (addrs []string, ms []*redistest.S
 // quorum; TestConformanceRedlock's Faults/RestartEmpty measures no
 // overlap (see the fault-matrix lines it logs).
 func RedlockFaultHarness(t *testing.T, addrs []string, ms []*redistest.Server, minTTL time.Duration, open func(addrs []string) (driver.Locker, error)) conformance.Harness {
-	var mu sync.Mutex
-	proxies := map[driver.Locker][]*faultproxy.Proxy{}
-	proxiesOf := func(d driver.Locker) ([]*faultproxy.Proxy, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if ps := proxies[d]; ps != nil {
-			return ps, nil
-		}
-		return nil, fmt.Errorf("drivertest: %T was not opened by this Harness", d)
-	}
+	px := conformance.NewProxied(addrs, func(_ context.Context, paddrs []string) (driver.Locker, error) {
+		return open(paddrs)
+	})
+	t.Cleanup(func() { _ = px.Close() })
 	h := conformance.Harness{
-		Open: func(ctx context.Context) (driver.Locker, error) {
-			var ps []*faultproxy.Proxy
-			closeAll := func() {
-				for _, p := range ps {
-					_ = p.Close()
-				}
-			}
-			var paddrs []string
-			for _, a := range addrs {
-				p, err := faultproxy.New(a)
-				if err != nil {
-					closeAll()
-					return nil, err
-				}
-				ps = append(ps, p)
-				paddrs = append(paddrs, p.Addr())
-			}
-			d, err := open(paddrs)
-			if err != nil {
-				closeAll()
-				return nil, err
-			}
-			mu.Lock()
-			proxies[d] = ps
-			mu.Unlock()
-			t.Cleanup(closeAll)
-			return d, nil
-		},
-		MinTTL: minTTL,
-		Cut: func(d driver.Locker) (func(), error) {
-			ps, err := proxiesOf(d)
-			if err != nil {
-				return nil, err
-			}
-			for _, p := range ps {
-				p.Blackhole()
-			}
-			return func() {
-				for _, p := range ps {
-					p.Heal()
-				}
-			}, nil
-		},
-		Reset: func(d driver.Locker) error {
-			ps, err := proxiesOf(d)
-			if err != nil {
-				return err
-			}
-			for _, p := range ps {
-				p.Reset()
-			}
-			return nil
-		},
+		Open:     px.Open,
+		MinTTL:   minTTL,
+		Cut:      px.Cut,
+		Reset:    px.Reset,
 		Pause:    true,
 		ChildEnv: []string{addrsEnv + "=" + strings.Join(addrs, ",")},
 	}
