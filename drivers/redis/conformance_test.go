@@ -135,13 +135,5 @@ func TestConformanceTLS(t *testing.T) {
 // server; on a Redlock over 3 masters, 3 per refresh and release and 6 per
 // acquire (a vote on every node, then the token written back).
 func TestCommandsPerOperation(t *testing.T) {
-	s := redistest.Start(t)
-	t.Run("single", func(t *testing.T) {
-		drivertest.Commands(t, []string{s.Addr}, func() (driver.Locker, error) { return Open(urlOf(s.Addr)) })
-	})
-	ms := redistest.StartN(t, 3)
-	t.Run("redlock", func(t *testing.T) {
-		addrs := redistest.Addrs(ms)
-		drivertest.Commands(t, addrs, func() (driver.Locker, error) { return Open(urlOf(addrs...)) })
-	})
+	drivertest.CommandsPerOperation(t, func(addrs ...string) (driver.Locker, error) { return Open(urlOf(addrs...)) })
 }

@@ -154,13 +154,5 @@ func (c *closeClients) Close() error {
 
 // TestCommandsPerOperation: as the go-redis driver's (drivertest.Commands).
 func TestCommandsPerOperation(t *testing.T) {
-	s := redistest.Start(t)
-	t.Run("single", func(t *testing.T) {
-		drivertest.Commands(t, []string{s.Addr}, func() (driver.Locker, error) { return Open(urlOf(s.Addr)) })
-	})
-	ms := redistest.StartN(t, 3)
-	t.Run("redlock", func(t *testing.T) {
-		addrs := redistest.Addrs(ms)
-		drivertest.Commands(t, addrs, func() (driver.Locker, error) { return Open(urlOf(addrs...)) })
-	})
+	drivertest.CommandsPerOperation(t, func(addrs ...string) (driver.Locker, error) { return Open(urlOf(addrs...)) })
 }

@@ -92,6 +92,21 @@ func (m *monitor) take(t *testing.T, addr string, n int) []string {
 	return got
 }
 
+// CommandsPerOperation runs Commands on a single server and on a Redlock
+// over 3 masters; open opens the driver's Locker on a URL of the given
+// addresses.
+func CommandsPerOperation(t *testing.T, open func(addrs ...string) (driver.Locker, error)) {
+	s := redistest.Start(t)
+	t.Run("single", func(t *testing.T) {
+		Commands(t, []string{s.Addr}, func() (driver.Locker, error) { return open(s.Addr) })
+	})
+	ms := redistest.StartN(t, 3)
+	t.Run("redlock", func(t *testing.T) {
+		addrs := redistest.Addrs(ms)
+		Commands(t, addrs, func() (driver.Locker, error) { return open(addrs...) })
+	})
+}
+
 // Commands asserts how many commands (round trips: the driver sends one
 // command per round trip and node) each operation of a raw driver.Locker
 // sends to each server, counted by the servers themselves (MONITOR, script
