@@ -44,13 +44,7 @@ func openT(t testing.TB, dsn string) *Locker {
 // drivertest.FaultHarness), on one server.
 func TestConformanceSingle(t *testing.T) {
 	addr, s := drivertest.FaultServer(t)
-	conformance.Run(t, drivertest.FaultHarness(t, addr, s, func(addr string) (driver.Locker, error) {
-		l, err := Open(urlOf(addr))
-		if err != nil {
-			return nil, err
-		}
-		return l, nil
-	}))
+	conformance.Run(t, drivertest.FaultHarness(t, addr, s, func(addr string) (driver.Locker, error) { return Open(urlOf(addr)) }))
 }
 
 // A Locker on an adopted client (New) passes the same suite.
@@ -88,26 +82,14 @@ func TestConformanceRedlock(t *testing.T) {
 	// node_timeout 200ms: generous for a loaded machine under -race.
 	dsnOf := func(addrs []string) string { return drivertest.With(urlOf(addrs...), "node_timeout=200ms") }
 	l := openT(t, dsnOf(addrs))
-	conformance.Run(t, drivertest.RedlockFaultHarness(t, addrs, ms, l.Capabilities().MinTTL, func(addrs []string) (driver.Locker, error) {
-		l, err := Open(dsnOf(addrs))
-		if err != nil {
-			return nil, err
-		}
-		return l, nil
-	}))
+	conformance.Run(t, drivertest.RedlockFaultHarness(t, addrs, ms, l.Capabilities().MinTTL, func(addrs []string) (driver.Locker, error) { return Open(dsnOf(addrs)) }))
 }
 
 // TestConformanceCluster runs the suite, fault subtests included (see
 // drivertest.ClusterFaultHarness), on a Cluster of three masters.
 func TestConformanceCluster(t *testing.T) {
 	addrs, c := drivertest.ClusterFaultServers(t, 3)
-	conformance.Run(t, drivertest.ClusterFaultHarness(t, addrs, c, func(addrs []string) (driver.Locker, error) {
-		l, err := Open(urlOf(addrs...) + "?cluster=true")
-		if err != nil {
-			return nil, err
-		}
-		return l, nil
-	}))
+	conformance.Run(t, drivertest.ClusterFaultHarness(t, addrs, c, func(addrs []string) (driver.Locker, error) { return Open(urlOf(addrs...) + "?cluster=true") }))
 }
 
 // TestConformanceSentinel runs the suite, fault subtests included (see
