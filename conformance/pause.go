@@ -7,9 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -85,6 +85,9 @@ func runChild(t *testing.T, h Harness, spec string) {
 // injectPause runs a holder in a child process, stops it with SIGSTOP for
 // two TTLs while the contenders wait, resumes it, and records what it saw.
 func (s *suite) injectPause(ctx context.Context, t *testing.T, h *history) error {
+	if sigStop == nil {
+		return fmt.Errorf("Harness.Pause needs SIGSTOP and SIGCONT, which %s does not have", runtime.GOOS)
+	}
 	for n := 0; ctx.Err() == nil; n++ {
 		if err := s.pauseOnce(t, h, fmt.Sprintf("child%d", n)); err != nil {
 			return err
@@ -120,7 +123,7 @@ func (s *suite) pauseOnce(t *testing.T, h *history, who string) error {
 		}
 	}()
 	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Signal(sigCont)
 		done := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(done) }()
 		select {
@@ -188,13 +191,13 @@ func (s *suite) pauseOnce(t *testing.T, h *history, who string) error {
 			waiting = false
 		}
 	}
-	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := cmd.Process.Signal(sigStop); err != nil {
 		return err
 	}
 	h.fault(g)
 	time.Sleep(2 * s.unit) // the fault: the child stays stopped this long
 	resumed := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := cmd.Process.Signal(sigCont); err != nil {
 		return err
 	}
 	for {

@@ -459,20 +459,35 @@ func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 		return err
 	}
 	defer done()
-	s := l.peekSlot(key)
-	if s == nil {
-		return notHeld("refresh", key)
+	s, unlock, err := l.heldSlot("refresh", key, owner)
+	if err != nil {
+		return err
 	}
-	defer l.putSlot(key, s)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.h == nil || s.h.owner != owner {
-		return notHeld("refresh", key)
-	}
+	defer unlock()
 	if err := l.refreshLocked(ctx, s, c); err != nil {
 		return l.failHeld(ctx, "refresh", err)
 	}
 	return nil
+}
+
+// heldSlot returns key's slot, locked, when owner holds key through this
+// Locker, and the function that unlocks it and gives it back; otherwise an
+// error wrapping driver.ErrNotHeld that names op.
+func (l *Locker) heldSlot(op, key, owner string) (*slot, func(), error) {
+	s := l.peekSlot(key)
+	if s == nil {
+		return nil, nil, notHeld(op, key)
+	}
+	s.mu.Lock()
+	unlock := func() {
+		s.mu.Unlock()
+		l.putSlot(key, s)
+	}
+	if s.h == nil || s.h.owner != owner {
+		unlock()
+		return nil, nil, notHeld(op, key)
+	}
+	return s, unlock, nil
 }
 
 // refreshLocked runs the refresh statement on s.h; the caller holds s.mu.
@@ -521,17 +536,12 @@ func (l *Locker) Release(ctx context.Context, key, owner string) error {
 		return err
 	}
 	defer done()
-	s := l.peekSlot(key)
-	if s == nil {
-		return notHeld("release", key)
+	s, unlock, err := l.heldSlot("release", key, owner)
+	if err != nil {
+		return err
 	}
-	defer l.putSlot(key, s)
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer unlock()
 	h := s.h
-	if h == nil || h.owner != owner {
-		return notHeld("release", key)
-	}
 	l.setHold(s, nil) // also ends the watch: our own unlock is no loss
 	var unlocked bool
 	var ist, app string

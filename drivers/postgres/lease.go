@@ -81,9 +81,9 @@ func OpenLease(ctx context.Context, dsn string) (*LeaseLocker, error) {
 }
 
 func openLease(ctx context.Context, c *config) (*LeaseLocker, error) {
-	pool, err := pgxpool.NewWithConfig(ctx, c.pool)
+	pool, err := newPool(ctx, c)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", unavailable(err))
+		return nil, err
 	}
 	l, err := newLeaseLocker(ctx, pool, c)
 	if err != nil {
@@ -101,14 +101,8 @@ func openLease(ctx context.Context, c *config) (*LeaseLocker, error) {
 // Errors are those of OpenLease; a nil pool or a bad option wraps
 // driver.ErrInvalid.
 func NewLease(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*LeaseLocker, error) {
-	if pool == nil {
-		return nil, fmt.Errorf("postgres: nil pool: %w", driver.ErrInvalid)
-	}
-	c := &config{schema: DefaultSchema, namespace: DefaultNamespace}
-	for _, o := range opts {
-		o(c)
-	}
-	if err := checkSchema(c.schema); err != nil {
+	c, err := adoptConfig(pool, opts)
+	if err != nil {
 		return nil, err
 	}
 	return newLeaseLocker(ctx, pool, c)

@@ -147,9 +147,9 @@ func Open(ctx context.Context, dsn string) (*Locker, error) {
 }
 
 func openAdvisory(ctx context.Context, c *config) (*Locker, error) {
-	pool, err := pgxpool.NewWithConfig(ctx, c.pool)
+	pool, err := newPool(ctx, c)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", unavailable(err))
+		return nil, err
 	}
 	l, err := newLocker(ctx, pool, c)
 	if err != nil {
@@ -169,6 +169,26 @@ func openAdvisory(ctx context.Context, c *config) (*Locker, error) {
 // Errors are those of Open; a nil pool or a bad option wraps
 // driver.ErrInvalid.
 func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Locker, error) {
+	c, err := adoptConfig(pool, opts)
+	if err != nil {
+		return nil, err
+	}
+	return newLocker(ctx, pool, c)
+}
+
+// newPool opens the pool c describes; a failure wraps driver.ErrUnavailable
+// where the server could not be reached.
+func newPool(ctx context.Context, c *config) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.NewWithConfig(ctx, c.pool)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", unavailable(err))
+	}
+	return pool, nil
+}
+
+// adoptConfig is the configuration of New and NewLease: opts over the
+// defaults, for a pool the caller passed (nil is driver.ErrInvalid).
+func adoptConfig(pool *pgxpool.Pool, opts []Option) (*config, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("postgres: nil pool: %w", driver.ErrInvalid)
 	}
@@ -179,7 +199,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Locker, erro
 	if err := checkSchema(c.schema); err != nil {
 		return nil, err
 	}
-	return newLocker(ctx, pool, c)
+	return c, nil
 }
 
 func newLocker(ctx context.Context, pool *pgxpool.Pool, c *config) (*Locker, error) {
