@@ -71,6 +71,8 @@ var (
 	_ driver.Inspector = (*Locker)(nil)
 	_ driver.Capable   = (*Locker)(nil)
 	_ driver.Pinger    = (*Locker)(nil)
+
+	_ driver.BlockingAcquirer = (*Locker)(nil)
 )
 
 // Open parses a redis:// or rediss:// URL (see the package documentation),
@@ -169,9 +171,12 @@ func oneOptions(opts []Options) (Options, error) {
 
 func newLocker(c redis.UniversalClient, o Options, owns bool) *Locker {
 	o = o.WithDefaults()
+	sub := newSubscriber(c)
+	n := rediscore.NewNode(&conn{c: c, owns: owns}, o)
+	n.SetListener(sub)
 	return &Locker{
-		core:   rediscore.NewNode(&conn{c: c, owns: owns}, o),
-		subs:   []*subscriber{newSubscriber(c)},
+		core:   n,
+		subs:   []*subscriber{sub},
 		quorum: 1, prefix: o.Prefix, maxKey: o.MaxKeyLen,
 	}
 }
@@ -286,6 +291,22 @@ func explainCause(err error) error {
 // key, driver.ErrInvalid for bad arguments, driver.ErrClosed after Close.
 func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	return l.core.Acquire(ctx, key, owner, ttl)
+}
+
+// AcquireWait implements driver.BlockingAcquirer: it waits until key is
+// granted to owner. On a single node, Cluster or Sentinel the waiters
+// queue on the server and are granted in arrival order, each release
+// waking only the next one (see the package documentation, Fairness);
+// with fair=false, and under Redlock, every waiter is woken and the first
+// to retry wins. Errors as for Acquire, except that another owner holding
+// key is not one: ctx bounds the wait, and its end returns an error
+// wrapping ctx.Err() with nothing held or queued.
+func (l *Locker) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	sub := func(ctx context.Context) (<-chan struct{}, func(), error) { return l.Subscribe(ctx, key) }
+	if n, ok := l.core.(*rediscore.Node); ok {
+		return n.AcquireWait(ctx, key, owner, ttl, sub)
+	}
+	return rediscore.BargeWait(ctx, func(ctx context.Context) (uint64, error) { return l.Acquire(ctx, key, owner, ttl) }, sub)
 }
 
 // Refresh implements driver.Locker: driver.ErrNotHeld if owner does not

@@ -31,6 +31,8 @@ type subscriber struct {
 	closed  bool
 	pending map[string]int             // SUBSCRIBEs sent, confirmations not yet read
 	waiters map[string][]chan struct{} // closed when pending drops to zero
+	// listeners are the channels subscribed by Listen, with their callbacks.
+	listeners map[string]func(string)
 	done    chan struct{}              // closed by close; ends the receive loop
 	loopEnd chan struct{}              // closed when the receive loop returns
 }
@@ -202,7 +204,11 @@ func (s *subscriber) loop(ps *redis.PubSub) {
 				s.confirmed(m.Channel)
 			}
 		case *redis.Message:
-			s.hub.Wake(m.Channel)
+			if f := s.listener(m.Channel); f != nil {
+				f(m.Payload)
+			} else {
+				s.hub.Wake(m.Channel)
+			}
 		}
 	}
 }

@@ -60,6 +60,7 @@ type lockerCore interface {
 type Locker struct {
 	core   lockerCore
 	w      subscriber
+	lis    *listener // the fair queue's wake channel; nil under Redlock
 	hold   *rediscore.HoldWatch // nil where hold watching is unsupported
 	opts   Options
 	closed chan struct{}
@@ -149,7 +150,7 @@ func Open(dsn string) (*Locker, error) {
 	w.clients = []rueidis.Client{watch}
 	w.piggyback = !c.Cluster
 	watchClient = watch
-	l.core = rediscore.NewNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, c.Options)
+	l.core, l.lis = queuedNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, cmd, c.Options)
 	return l, nil
 }
 
@@ -172,8 +173,10 @@ func New(client rueidis.Client, opts ...Options) (*Locker, error) {
 		return nil, fmt.Errorf("rueidis: nil client: %w", driver.ErrInvalid)
 	}
 	addr := strings.Join(addrsOf(client), ",")
+	core, lis := queuedNode(&conn{client: client, addr: addr}, client, o)
 	return &Locker{
-		core:   rediscore.NewNode(&conn{client: client, addr: addr}, o),
+		core:   core,
+		lis:    lis,
 		w:      newPubSubWaiter([]rueidis.Client{client}, o.NodeTimeout),
 		opts:   o,
 		closed: make(chan struct{}),
@@ -265,13 +268,24 @@ func NewWithClientOption(opt rueidis.ClientOption, opts ...Options) (*Locker, er
 	w.piggyback = watch.Mode() != rueidis.ClientModeCluster
 	watchClient = watch
 	all := []rueidis.Client{cmd, watch}
+	core, lis := queuedNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, cmd, o)
 	return &Locker{
-		core:   rediscore.NewNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, o),
+		core:   core,
+		lis:    lis,
 		w:      w,
 		hold:   w.hold,
 		opts:   o,
 		closed: make(chan struct{}),
 	}, nil
+}
+
+// queuedNode returns a Node over c whose fair queue is woken through a
+// listener on client.
+func queuedNode(c *conn, client rueidis.Client, o Options) (*rediscore.Node, *listener) {
+	n := rediscore.NewNode(c, o)
+	lis := newListener(client)
+	n.SetListener(lis)
+	return n, lis
 }
 
 func addrsOf(c rueidis.Client) []string {
@@ -412,6 +426,22 @@ func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 	return l.core.Acquire(ctx, key, owner, ttl)
 }
 
+// AcquireWait implements driver.BlockingAcquirer: it waits until key is
+// granted to owner. On a single node, Cluster or Sentinel the waiters
+// queue on the server and are granted in arrival order, each release
+// waking only the next one (see the package documentation, Fairness);
+// with fair=false, and under Redlock, every waiter is woken and the first
+// to retry wins. Errors as for Acquire, except that another owner holding
+// key is not one: ctx bounds the wait, and its end returns an error
+// wrapping ctx.Err() with nothing held or queued.
+func (l *Locker) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	sub := func(ctx context.Context) (<-chan struct{}, func(), error) { return l.Subscribe(ctx, key) }
+	if n, ok := l.core.(*rediscore.Node); ok {
+		return n.AcquireWait(ctx, key, owner, ttl, sub)
+	}
+	return rediscore.BargeWait(ctx, func(ctx context.Context) (uint64, error) { return l.Acquire(ctx, key, owner, ttl) }, sub)
+}
+
 // Refresh implements driver.Locker: one round trip (compare owner, then
 // PEXPIRE). It returns driver.ErrNotHeld if owner does not hold key; an
 // expired lock is never revived.
@@ -479,6 +509,9 @@ func (l *Locker) Close() error {
 		close(l.closed)
 		if l.hold != nil {
 			l.hold.Close()
+		}
+		if l.lis != nil {
+			l.lis.shut()
 		}
 		err = l.core.Close()
 		l.w.shut()

@@ -434,12 +434,21 @@ func (w *pubsubWaiter) unsubscribe(channel string) {
 	w.mu.Unlock()
 }
 
-// run keeps channel's SUBSCRIBE on client alive until ctx is done. settled
-// receives nil on the first confirmation, or the first failure before any.
-// After a lost connection (or a stray UNSUBSCRIBE) it subscribes again and
-// then wakes the subscribers, since a message may have been missed.
+// run keeps channel's SUBSCRIBE on client alive until ctx is done, waking
+// the channel's subscribers on every message and after every
+// resubscription (see receive).
 func (w *pubsubWaiter) run(ctx context.Context, client rueidis.Client, channel string, settled chan<- error) {
 	defer w.wg.Done()
+	wake := func(string) { w.hub.Wake(channel) }
+	receive(ctx, client, channel, settled, wake, func() { w.hub.Wake(channel) })
+}
+
+// receive keeps channel's SUBSCRIBE on client alive until ctx is done.
+// settled receives nil on the first confirmation, or the first failure
+// before any. msg gets each message's payload. After a lost connection (or
+// a stray UNSUBSCRIBE) it subscribes again and then calls resub, since a
+// message may have been missed.
+func receive(ctx context.Context, client rueidis.Client, channel string, settled chan<- error, msg func(string), resub func()) {
 	var once sync.Once
 	settle := func(err error) { once.Do(func() { settled <- err }) }
 	defer settle(rediscore.ErrHubClosed)
@@ -451,7 +460,7 @@ func (w *pubsubWaiter) run(ctx context.Context, client rueidis.Client, channel s
 				return
 			}
 			if confirmed.Swap(true) {
-				w.hub.Wake(channel) // subscribed again after a reconnection
+				resub() // subscribed again after a reconnection
 			}
 			settle(nil)
 		})
@@ -466,7 +475,7 @@ func (w *pubsubWaiter) run(ctx context.Context, client rueidis.Client, channel s
 		// A fresh command each time: rueidis recycles a command once it
 		// has been sent.
 		sub := client.B().Subscribe().Channel(channel).Build()
-		err := client.Receive(hctx, sub, func(rueidis.PubSubMessage) { w.hub.Wake(channel) })
+		err := client.Receive(hctx, sub, func(m rueidis.PubSubMessage) { msg(m.Message) })
 		if ctx.Err() != nil {
 			return
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +22,16 @@ type Node struct {
 	c      Conn
 	o      Options
 	closed atomic.Bool
+	done   chan struct{} // closed by Close
 	retMS  string
+
+	// The fair queue (queue.go).
+	wid       string // this Node's id in queue elements and wake channel
+	listener  Listener
+	listenMu  sync.Mutex
+	listening atomic.Bool
+	route     router
+	bg        sync.WaitGroup // clean-ups Close waits for (bounded)
 
 	// abandoned, when set (tests), is called with the outcome of an
 	// acquire whose caller gave up, once the clean-up is done.
@@ -32,7 +42,8 @@ type Node struct {
 // not validated (call Options.Validate or ParseOptions first). Close closes c.
 func NewNode(c Conn, o Options) *Node {
 	o = o.WithDefaults()
-	return &Node{c: c, o: o, retMS: strconv.FormatInt(o.TokenRetention.Milliseconds(), 10)}
+	return &Node{c: c, o: o, done: make(chan struct{}), wid: newWID(),
+		retMS: strconv.FormatInt(o.TokenRetention.Milliseconds(), 10)}
 }
 
 // Options returns the options in effect, defaults applied.
@@ -225,7 +236,8 @@ func (n *Node) detachedTimeout() time.Duration { return max(n.o.NodeTimeout, 10*
 func (n *Node) cleanup(lock, ch, owner string, token uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), n.detachedTimeout())
 	defer cancel()
-	_, _ = n.c.Run(ctx, CleanupScript, []string{lock}, owner, ch, strconv.FormatUint(token, 10))
+	ql, qz := QueueKeys(lock)
+	_, _ = n.c.Run(ctx, CleanupScript, []string{lock, ql, qz}, owner, ch, WakeChannel(n.o.Prefix, ""), strconv.FormatUint(token, 10))
 }
 
 // run calls c.Run (c.Ping if s is nil) and returns promptly once ctx is done, even if the
@@ -281,7 +293,8 @@ func (n *Node) Release(ctx context.Context, key, owner string) error {
 		return err
 	}
 	lock, _, ch := Keys(n.o.Prefix, key)
-	r, err := n.run(ctx, ReleaseScript, []string{lock}, owner, ch)
+	ql, qz := QueueKeys(lock)
+	r, err := n.run(ctx, ReleaseScript, []string{lock, ql, qz}, owner, ch, WakeChannel(n.o.Prefix, ""))
 	if err != nil {
 		return ctxErr(ctx, "release", err)
 	}
@@ -336,11 +349,24 @@ func (n *Node) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the Conn (if it owns its client). It is idempotent; later
-// calls of every method return driver.ErrClosed.
+// Close ends waiting AcquireWait calls (driver.ErrClosed), gives their
+// clean-ups up to a second, and closes the Conn (if it owns its client).
+// It is idempotent; later calls of every method return driver.ErrClosed.
 func (n *Node) Close() error {
 	if n.closed.Swap(true) {
 		return nil
 	}
+	close(n.done)
+	idle := make(chan struct{})
+	go func() {
+		n.bg.Wait()
+		close(idle)
+	}()
+	t := time.NewTimer(time.Second)
+	select {
+	case <-idle:
+	case <-t.C:
+	}
+	t.Stop()
 	return n.c.Close()
 }

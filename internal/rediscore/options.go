@@ -20,6 +20,9 @@ const (
 	DefaultMaxKeyLen = 4096
 	// DefaultTokenRetention is how long a token counter outlives its lock.
 	DefaultTokenRetention = 10 * time.Minute
+	// DefaultQueueTTL is how long a queued waiter's entry lives without
+	// being renewed.
+	DefaultQueueTTL = 3 * time.Second
 )
 
 // Options are shared by both Redis drivers. The zero value of every field
@@ -43,6 +46,17 @@ type Options struct {
 	// increasing once the counter is gone as long as the server clock does
 	// not step back by more than TokenRetention.
 	TokenRetention time.Duration
+	// Barging (URL: fair=false) turns the fair queue off: a waiting Acquire
+	// is woken with every other waiter when the key is released and takes it
+	// if it is first, as with sync.Mutex. Default false: waiters queue on
+	// the server and are granted in arrival order (see QueueAcquireScript).
+	// Redlock always barges.
+	Barging bool
+	// QueueTTL (URL: queue_ttl) is how long a queued waiter's entry lives
+	// unless the waiter renews it, which it does every QueueTTL/3 while it
+	// waits; default 3s. A waiter that crashed or was cut off holds up the
+	// queue for at most this long. At least 30ms.
+	QueueTTL time.Duration
 }
 
 // WithDefaults returns o with every zero field set to its default.
@@ -62,6 +76,9 @@ func (o Options) WithDefaults() Options {
 	if o.TokenRetention == 0 {
 		o.TokenRetention = DefaultTokenRetention
 	}
+	if o.QueueTTL == 0 {
+		o.QueueTTL = DefaultQueueTTL
+	}
 	return o
 }
 
@@ -80,6 +97,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("redis: max_key_len %d must be positive: %w", o.MaxKeyLen, driver.ErrInvalid)
 	case o.TokenRetention < 0:
 		return fmt.Errorf("redis: token_retention %v must be positive: %w", o.TokenRetention, driver.ErrInvalid)
+	case o.QueueTTL < 0 || (o.QueueTTL > 0 && o.QueueTTL < MinQueueTTL):
+		return fmt.Errorf("redis: queue_ttl %v must be at least %v: %w", o.QueueTTL, MinQueueTTL, driver.ErrInvalid)
 	}
 	return nil
 }
@@ -92,6 +111,8 @@ func (o Options) Validate() error {
 //	drift_factor=0.01      Redlock drift factor, in (0, 0.5)
 //	max_key_len=4096       longest key in bytes
 //	token_retention=10m    how long a token counter outlives its lock
+//	fair=true              queue waiters on the server (false: barging)
+//	queue_ttl=3s           how long a dead waiter's queue entry lives
 //
 // A parameter given twice or with a malformed value is an error wrapping
 // driver.ErrInvalid. The result has defaults applied.
@@ -135,6 +156,18 @@ func ParseOptions(q url.Values) (Options, error) {
 	}
 	if err := dur("token_retention", &o.TokenRetention); err != nil {
 		return o, err
+	}
+	if err := dur("queue_ttl", &o.QueueTTL); err != nil {
+		return o, err
+	}
+	if s, ok, err = get("fair"); err != nil {
+		return o, err
+	} else if ok {
+		f, err := strconv.ParseBool(s)
+		if err != nil {
+			return o, fmt.Errorf("redis: fair=%q: want true or false: %w", s, driver.ErrInvalid)
+		}
+		o.Barging = !f
 	}
 	if s, ok, err = get("drift_factor"); err != nil {
 		return o, err

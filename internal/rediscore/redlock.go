@@ -304,19 +304,19 @@ func (r *Redlock) cleanup(ctx context.Context, lock, ch, owner string, grants []
 		)
 		switch {
 		case g.kind == grantCreated:
-			s, args = CleanupScript, []string{owner, ch, strconv.FormatUint(g.token, 10)}
+			s, args = CleanupScript, []string{owner, ch, WakeChannel(r.o.Prefix, ""), strconv.FormatUint(g.token, 10)}
 			if fenced != 0 && fenced != g.token {
 				args = append(args, strconv.FormatUint(fenced, 10))
 			}
 		case g.kind == grantUnknown && !heldBefore:
-			s, args = ReleaseScript, []string{owner, ch}
+			s, args = ReleaseScript, []string{owner, ch, WakeChannel(r.o.Prefix, "")}
 		default:
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _ = r.conns[i].Run(ctx, s, []string{lock}, args...)
+			_, _ = r.conns[i].Run(ctx, s, lockAndQueue(lock), args...)
 		}()
 	}
 	wg.Wait()
@@ -448,7 +448,7 @@ func (r *Redlock) Release(ctx context.Context, key, owner string) error {
 		return err
 	}
 	lock, _, ch := Keys(r.o.Prefix, key)
-	res := r.each(ctx, ReleaseScript, []string{lock}, owner, ch)
+	res := r.each(ctx, ReleaseScript, lockAndQueue(lock), owner, ch, WakeChannel(r.o.Prefix, ""))
 	released, failed := 0, 0
 	for _, x := range res {
 		if x.err != nil {
@@ -573,4 +573,11 @@ func (r *Redlock) Close() error {
 		errs = append(errs, c.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// lockAndQueue returns the keys ReleaseScript and CleanupScript take. A
+// Redlock never queues, so the queue keys stay empty on its nodes.
+func lockAndQueue(lock string) []string {
+	ql, qz := QueueKeys(lock)
+	return []string{lock, ql, qz}
 }

@@ -33,7 +33,8 @@ func newScript(name, src string) *Script {
 // Reply: a bulk string holding the decimal token when this call made a new
 // grant; a one-element array {token} when owner already held the lock (the
 // PX is reset and the same token comes back: the call created nothing); or
-// an integer, the holder's PTTL in ms, when another owner holds it. The two
+// an integer, the holder's PTTL in ms, when another owner holds it (or it
+// is reserved for a queued waiter, see ReleaseScript). The two
 // grant shapes let a caller that gave up mid-call clean up only a grant it
 // created (see CleanupScript).
 //
@@ -46,7 +47,7 @@ var AcquireScript = newScript("acquire", `
 local v = redis.call('GET', KEYS[1])
 if v then
   local i = string.find(v, ':', 1, true)
-  if i and string.sub(v, i + 1) == ARGV[1] then
+  if i and string.sub(v, i + 1) == ARGV[1] and string.sub(v, 1, 2) ~= 'q:' then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {string.sub(v, 1, i - 1)}
   end
@@ -71,7 +72,7 @@ return s
 // Reply: 1 when refreshed, 0 when owner does not hold the lock.
 var RefreshScript = newScript("refresh", `
 local v = redis.call('GET', KEYS[1])
-if v then
+if v and string.sub(v, 1, 2) ~= 'q:' then
   local i = string.find(v, ':', 1, true)
   if i and string.sub(v, i + 1) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -81,43 +82,78 @@ end
 return 0
 `)
 
-// ReleaseScript deletes a lock its owner holds and publishes on the key's
-// channel, waking pub/sub waiters (clients using client-side caching are
-// woken by the DEL's invalidation).
+// handoffLua ends a grant: it hands the lock to the first live waiter of
+// the key's fair queue, or deletes it when nobody waits (see
+// QueueAcquireScript). Handing over sets the lock key to the reservation
+// "q:<element>" for the remaining life of that waiter's entry and
+// publishes the lock key on the waiter's wake channel; deleting publishes
+// on the key's channel, waking barging and pub/sub waiters. Entries whose
+// waiter stopped renewing them are dropped on the way.
 //
-//	KEYS[1] lock key
-//	ARGV[1] owner, ARGV[2] channel
+//	KEYS[1] lock key, KEYS[2] queue list, KEYS[3] queue expiries
+//	ARGV[2] the key's channel, ARGV[3] wake channel prefix
+const handoffLua = `
+local function handoff()
+  local h = redis.call('LINDEX', KEYS[2], 0)
+  if h then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    while h do
+      local e = tonumber(redis.call('ZSCORE', KEYS[3], h))
+      if e and e > now then
+        redis.call('SET', KEYS[1], 'q:' .. h, 'PX', e - now)
+        local i = string.find(h, ':', 1, true)
+        redis.call('PUBLISH', ARGV[3] .. string.sub(h, 1, i - 1), KEYS[1])
+        return
+      end
+      redis.call('LPOP', KEYS[2])
+      redis.call('ZREM', KEYS[3], h)
+      h = redis.call('LINDEX', KEYS[2], 0)
+    end
+  end
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '1')
+end
+`
+
+// ReleaseScript frees a lock its owner holds: it hands it to the first
+// live waiter of the key's fair queue, or deletes it and publishes on the
+// key's channel, waking pub/sub waiters (clients using client-side caching
+// are woken by the DEL's invalidation). With nobody queued it costs one
+// LINDEX more than a compare-and-delete.
+//
+//	KEYS[1] lock key, KEYS[2] queue list, KEYS[3] queue expiries
+//	ARGV[1] owner, ARGV[2] the key's channel, ARGV[3] wake channel prefix
 //
 // Reply: 1 when released, 0 when owner does not hold the lock.
-var ReleaseScript = newScript("release", `
+var ReleaseScript = newScript("release", handoffLua+`
 local v = redis.call('GET', KEYS[1])
-if v then
+if v and string.sub(v, 1, 2) ~= 'q:' then
   local i = string.find(v, ':', 1, true)
   if i and string.sub(v, i + 1) == ARGV[1] then
-    redis.call('DEL', KEYS[1])
-    redis.call('PUBLISH', ARGV[2], '1')
+    handoff()
     return 1
   end
 end
 return 0
 `)
 
-// CleanupScript deletes a grant that an abandoned Acquire created: only
-// while the key still holds exactly that grant (owner and one of the given
-// tokens), so a lock owner held before the attempt, or took again since, is
-// never freed. It publishes on the key's channel like ReleaseScript.
+// CleanupScript frees a grant that an abandoned Acquire created, as
+// ReleaseScript does, but only while the key still holds exactly that
+// grant (owner and one of the given tokens), so a lock owner held before
+// the attempt, or took again since, is never freed.
 //
-//	KEYS[1] lock key
-//	ARGV[1] owner, ARGV[2] channel, ARGV[3..] candidate tokens (decimal)
+//	KEYS[1] lock key, KEYS[2] queue list, KEYS[3] queue expiries
+//	ARGV[1] owner, ARGV[2] the key's channel, ARGV[3] wake channel prefix,
+//	ARGV[4..] candidate tokens (decimal)
 //
-// Reply: 1 when deleted, 0 otherwise.
-var CleanupScript = newScript("cleanup", `
+// Reply: 1 when freed, 0 otherwise.
+var CleanupScript = newScript("cleanup", handoffLua+`
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   if v == ARGV[i] .. ':' .. ARGV[1] then
-    redis.call('DEL', KEYS[1])
-    redis.call('PUBLISH', ARGV[2], '1')
+    handoff()
     return 1
   end
 end
@@ -132,7 +168,7 @@ return 0
 // (owner and token as bulk strings, pttl as an integer in ms).
 var InspectScript = newScript("inspect", `
 local v = redis.call('GET', KEYS[1])
-if not v then return nil end
+if not v or string.sub(v, 1, 2) == 'q:' then return nil end
 local i = string.find(v, ':', 1, true)
 if not i then return {v, '0', redis.call('PTTL', KEYS[1])} end
 return {string.sub(v, i + 1), string.sub(v, 1, i - 1), redis.call('PTTL', KEYS[1])}
@@ -150,7 +186,7 @@ var FenceScript = newScript("fence", `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 local i = string.find(v, ':', 1, true)
-if not i or string.sub(v, i + 1) ~= ARGV[1] then return 0 end
+if not i or string.sub(v, i + 1) ~= ARGV[1] or string.sub(v, 1, 2) == 'q:' then return 0 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl > 0 then
   redis.call('SET', KEYS[1], ARGV[2] .. ':' .. ARGV[1], 'PX', pttl)

@@ -149,6 +149,7 @@ func ParseURL(raw string, spec URLSpec) (*URL, error) {
 	if err != nil {
 		return nil, invalid("malformed query (%v)", err)
 	}
+	fairAsked := len(v["fair"]) == 1 && !u.isBarging(v["fair"][0])
 	if u.Options, err = ParseOptions(v); err != nil {
 		// ParseOptions's errors start with "redis:"; name any other driver
 		// in front.
@@ -204,8 +205,20 @@ func ParseURL(raw string, spec URLSpec) (*URL, error) {
 		return nil, invalid("allow_replica applies to single-node and Redlock URLs only")
 	case u.InsecureTLS && !u.TLS:
 		return nil, invalid("insecure_skip_verify needs %s", spec.TLSHint)
+	case fairAsked && u.Mode() == "redlock":
+		return nil, invalid("fair=true: Redlock does not queue waiters (see the package documentation, Fairness); drop the parameter")
+	}
+	if u.Mode() == "redlock" {
+		u.Options.Barging = true
 	}
 	return u, nil
+}
+
+// isBarging reports whether a fair= value turns the queue off (a malformed
+// value is rejected by ParseOptions).
+func (u *URL) isBarging(v string) bool {
+	f, err := strconv.ParseBool(v)
+	return err != nil || !f
 }
 
 // splitHosts cuts the host list out of raw: it returns the list and raw

@@ -1,0 +1,472 @@
+package rediscore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-locker/locker/driver"
+)
+
+// The fair queue. A waiting Acquire on a Node (single node, Cluster or
+// Sentinel) joins a FIFO queue kept on the server beside the lock, in the
+// lock's hash slot:
+//
+//	<lock>:q   a list of waiters in arrival order
+//	<lock>:qt  a sorted set of the same waiters, scored by when their
+//	           entry expires (server time in ms)
+//
+// A waiter is the element "<wid>:<owner>", where wid names the Node (one
+// random id per Node) and so its wake channel, WakeChannel(prefix, wid).
+// A release (ReleaseScript) or an abandoned grant (CleanupScript) hands the
+// lock to the first waiter whose entry is alive: the lock key becomes the
+// reservation "q:<element>", which nobody else can take, for at most the
+// rest of that entry's life, and the lock key is published on the waiter's
+// wake channel. The waiter's next QueueAcquireScript turns the reservation
+// into a grant with a fresh fencing token. Nobody else is woken: a handoff
+// costs the server O(1) commands however many processes wait.
+//
+// Entries live QueueTTL unless renewed; a waiter renews its entry every
+// QueueTTL/3 by running QueueAcquireScript again. A waiter that crashed or
+// was cut off stops renewing: its entry, and a reservation made for it,
+// lapse within QueueTTL, and the waiter behind it, whose timer is set to
+// that moment, drops it and goes on. A cancelled wait removes its entry at
+// once (LeaveScript) and passes on a reservation it was given.
+//
+// Acquire (one attempt, TryAcquire) does not queue: it takes a free key,
+// and a free key with waiters is rare, since a release hands it over
+// rather than freeing it. It is free only after a holder's TTL ran out
+// (the head of the queue is woken at that moment by its own timer) or a
+// reservation lapsed.
+
+// MinQueueTTL is the shortest Options.QueueTTL accepted.
+const MinQueueTTL = 30 * time.Millisecond
+
+// QueueKeys returns the fair queue's keys for a lock key (see Keys): the
+// list of waiters and the sorted set of their expiries. They share the
+// lock's hash tag, hence its Cluster slot.
+func QueueKeys(lock string) (list, expiries string) {
+	return lock + ":q", lock + ":qt"
+}
+
+// WakeChannel returns the pub/sub channel on which the Node with id wid is
+// told that a lock was handed to one of its waiters; the message is the
+// lock key.
+func WakeChannel(prefix, wid string) string {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return prefix + ":wake:" + wid
+}
+
+// QueueAcquireScript is one attempt of a queued waiter: it takes the lock
+// if it is reserved for the waiter, or free with the waiter first in line
+// (or nobody in line); otherwise it adds the waiter to the queue or renews
+// its entry. Entries that expired at the head of the queue are dropped
+// first; if that leaves the lock free with another waiter first, the lock
+// is reserved for that one and it is woken (it may have missed its
+// wake-up).
+//
+//	KEYS[1] lock key, KEYS[2] token counter, KEYS[3] queue list,
+//	KEYS[4] queue expiries
+//	ARGV[1] owner, ARGV[2] ttl in ms, ARGV[3] counter retention in ms,
+//	ARGV[4] element "<wid>:<owner>", ARGV[5] QueueTTL in ms,
+//	ARGV[6] wake channel prefix ("<prefix>:wake:")
+//
+// Reply: as AcquireScript's for a grant (a bulk string token when created,
+// {token} when owner held the lock already); when queued, an integer: the
+// milliseconds after which the waiter should look again even if not woken
+// (the holder's PTTL when it is first in line, else the first entry's
+// remaining life).
+var QueueAcquireScript = newScript("queue-acquire", `
+local v = redis.call('GET', KEYS[1])
+local el = ARGV[4]
+if v and string.sub(v, 1, 2) ~= 'q:' then
+  local i = string.find(v, ':', 1, true)
+  if i and string.sub(v, i + 1) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('ZREM', KEYS[4], el)
+    redis.call('LREM', KEYS[3], 1, el)
+    return {string.sub(v, 1, i - 1)}
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local head = redis.call('LINDEX', KEYS[3], 0)
+while head do
+  local e = tonumber(redis.call('ZSCORE', KEYS[4], head))
+  if e and e > now then break end
+  redis.call('LPOP', KEYS[3])
+  redis.call('ZREM', KEYS[4], head)
+  if v == 'q:' .. head then
+    redis.call('DEL', KEYS[1])
+    v = nil
+  end
+  head = redis.call('LINDEX', KEYS[3], 0)
+end
+if v == 'q:' .. el or (not v and (not head or head == el)) then
+  if head then
+    redis.call('ZREM', KEYS[4], el)
+    redis.call('LREM', KEYS[3], 1, el)
+  end
+  local n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  if c + 1 > n then n = c + 1 end
+  local s = string.format('%.0f', n)
+  redis.call('SET', KEYS[2], s, 'PX', tonumber(ARGV[2]) + tonumber(ARGV[3]))
+  redis.call('SET', KEYS[1], s .. ':' .. ARGV[1], 'PX', ARGV[2])
+  return s
+end
+local life = tonumber(ARGV[5])
+if redis.call('ZADD', KEYS[4], now + life, el) == 1 then
+  redis.call('RPUSH', KEYS[3], el)
+end
+redis.call('PEXPIRE', KEYS[3], 2 * life)
+redis.call('PEXPIRE', KEYS[4], 2 * life)
+if not head or head == el then
+  return redis.call('PTTL', KEYS[1])
+end
+local e = tonumber(redis.call('ZSCORE', KEYS[4], head))
+if not v then
+  redis.call('SET', KEYS[1], 'q:' .. head, 'PX', e - now)
+  local i = string.find(head, ':', 1, true)
+  redis.call('PUBLISH', ARGV[6] .. string.sub(head, 1, i - 1), KEYS[1])
+end
+return e - now
+`)
+
+// LeaveScript takes a waiter out of the queue (a cancelled or failed
+// wait). If the lock was reserved for it, the reservation goes to the next
+// live waiter, or the lock is freed (see ReleaseScript).
+//
+//	KEYS[1] lock key, KEYS[2] queue list, KEYS[3] queue expiries
+//	ARGV[1] element, ARGV[2] the key's channel, ARGV[3] wake channel prefix
+//
+// Reply: 1 when a reservation was passed on, else 0.
+var LeaveScript = newScript("leave", handoffLua+`
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('LREM', KEYS[2], 1, ARGV[1])
+if redis.call('GET', KEYS[1]) == 'q:' .. ARGV[1] then
+  handoff()
+  return 1
+end
+return 0
+`)
+
+// Listener is what a driver adapter supplies for the fair queue's
+// wake-ups: one pub/sub subscription that lives as long as the Node.
+type Listener interface {
+	// Listen subscribes to channel and returns once the server confirmed
+	// the subscription, or with an error (wrapping ctx.Err() once ctx is
+	// done; ctx bounds only the wait for the confirmation). From then on,
+	// until the Node is closed, msg is called with the payload of every
+	// message on channel, and with "" each time the subscription was
+	// re-established after a lost connection (messages may have been
+	// missed). msg must not block.
+	Listen(ctx context.Context, channel string, msg func(payload string)) error
+}
+
+// newWID returns a random Node id for queue elements and the wake channel.
+func newWID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// router hands wake-ups to the Node's waiting calls by lock key.
+type router struct {
+	mu    sync.Mutex
+	byKey map[string]*waitSet
+}
+
+type waitSet struct{ chans map[chan struct{}]struct{} }
+
+func (r *router) add(lock string, c chan struct{}) (remove func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.byKey == nil {
+		r.byKey = map[string]*waitSet{}
+	}
+	w := r.byKey[lock]
+	if w == nil {
+		w = &waitSet{chans: map[chan struct{}]struct{}{}}
+		r.byKey[lock] = w
+	}
+	w.chans[c] = struct{}{}
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		delete(w.chans, c)
+		if len(w.chans) == 0 && r.byKey[lock] == w {
+			delete(r.byKey, lock)
+		}
+	}
+}
+
+// deliver wakes the waiters of lock, or every waiter for "".
+func (r *router) deliver(lock string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if lock != "" {
+		if w := r.byKey[lock]; w != nil {
+			for c := range w.chans {
+				notify(c)
+			}
+		}
+		return
+	}
+	for _, w := range r.byKey {
+		for c := range w.chans {
+			notify(c)
+		}
+	}
+}
+
+// SetListener turns the fair queue on for n's waiting acquires
+// (AcquireWait), unless n's options say Barging. Call it before n is used.
+func (n *Node) SetListener(l Listener) { n.listener = l }
+
+// Queued reports whether AcquireWait queues (a Listener is set and the
+// options do not say Barging).
+func (n *Node) Queued() bool { return n.listener != nil && !n.o.Barging }
+
+// listen subscribes n's wake channel once; concurrent callers wait for the
+// first. It reports whether the subscription is up.
+func (n *Node) listen(ctx context.Context) error {
+	n.listenMu.Lock()
+	defer n.listenMu.Unlock()
+	if n.listening.Load() {
+		return nil
+	}
+	if err := n.listener.Listen(ctx, WakeChannel(n.o.Prefix, n.wid), n.route.deliver); err != nil {
+		return err
+	}
+	n.listening.Store(true)
+	return nil
+}
+
+// Waiting policy of AcquireWait.
+const (
+	// retryMin and retryMax bound the backoff after a transient error.
+	retryMin = 5 * time.Millisecond
+	retryMax = 500 * time.Millisecond
+	// fallbackWait caps a barging wait for a notification.
+	fallbackWait = 2 * time.Second
+	// expirySlack is added to a reported PTTL so the retry lands just
+	// after the server expired the key.
+	expirySlack = 2 * time.Millisecond
+)
+
+// AcquireWait implements driver.BlockingAcquirer: it waits until key is
+// granted to owner, queued on the server in arrival order (see the fair
+// queue above) when Queued, else barging (see BargeWait, with subscribe
+// for wake-ups). The uncontended path is one round trip. ctx bounds the
+// wait; when it ends the call returns an error wrapping ctx.Err() (and the
+// last transient error, if any) and, in the background, leaves the queue
+// and frees a grant made meanwhile. The first attempt's error is returned
+// at once; later transient errors (ErrUnavailable, a dropped connection)
+// are retried with backoff. Errors: driver.ErrInvalid for bad arguments,
+// driver.ErrClosed after Close.
+func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration, subscribe func(context.Context) (<-chan struct{}, func(), error)) (uint64, error) {
+	if !n.Queued() {
+		return BargeWait(ctx, func(ctx context.Context) (uint64, error) { return n.Acquire(ctx, key, owner, ttl) }, subscribe)
+	}
+	if err := n.check(ctx, key, owner, ttl, true, true); err != nil {
+		return 0, err
+	}
+	lock, counter, ch := Keys(n.o.Prefix, key)
+	ql, qz := QueueKeys(lock)
+	keys := []string{lock, counter, ql, qz}
+	el := n.wid + ":" + owner
+	prefix := WakeChannel(n.o.Prefix, "")
+	args := []string{owner, ttlMS(n.Capabilities(), ttl), n.retMS, el, strconv.FormatInt(n.o.QueueTTL.Milliseconds(), 10), prefix}
+	leave := func(g grant) {
+		if g.kind == grantCreated {
+			n.cleanup(lock, ch, owner, g.token)
+		}
+		lctx, cancel := context.WithTimeout(context.Background(), min(n.detachedTimeout(), n.o.QueueTTL))
+		defer cancel()
+		_, _ = n.c.Run(lctx, LeaveScript, []string{lock, ql, qz}, el, ch, prefix)
+	}
+	wake := make(chan struct{}, 1)
+	defer n.route.add(lock, wake)()
+	beat := n.o.QueueTTL / 3
+	retry := retryMin
+	var lastErr error
+	for first := true; ; first = false {
+		drain(wake)
+		v, err, abandoned := n.runDetached(ctx, QueueAcquireScript, keys, args, leave)
+		if abandoned {
+			return 0, waitErr(ctx, "acquire", lastErr)
+		}
+		g := parseGrant(v, err)
+		var wait time.Duration
+		switch g.kind {
+		case grantCreated, grantExisting:
+			return g.token, nil
+		case grantHeld:
+			retry = retryMin
+			if !n.listening.Load() {
+				if err := n.listen(ctx); err == nil {
+					continue // a wake-up sent before the subscription was missed: look again
+				} else if ctx.Err() != nil {
+					n.background(func() { leave(grant{}) })
+					return 0, waitErr(ctx, "acquire", lastErr)
+				}
+				// No wake channel: look again at the heartbeat.
+			}
+			wait = beat
+			if g.pttl > 0 && g.pttl+expirySlack < wait {
+				wait = g.pttl + expirySlack + mrand.N(expirySlack)
+			}
+		default:
+			if first || errors.Is(g.err, driver.ErrInvalid) || errors.Is(g.err, driver.ErrClosed) || n.closed.Load() {
+				n.background(func() { leave(grant{}) })
+				return 0, ctxErr(ctx, "acquire", g.err)
+			}
+			lastErr = g.err
+			wait = jitter(retry)
+			retry = min(2*retry, retryMax)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-wake:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			n.background(func() { leave(grant{}) })
+			return 0, waitErr(ctx, "acquire", lastErr)
+		case <-n.done:
+			t.Stop()
+			return 0, fmt.Errorf("redis: acquire: %w", driver.ErrClosed)
+		}
+		t.Stop()
+	}
+}
+
+// runDetached runs s detached from ctx's cancellation. If ctx ends first it
+// returns abandoned, and the outcome is handed to onAbandon in the
+// background once known (a grant kind of grantUnknown when the reply was
+// lost).
+func (n *Node) runDetached(ctx context.Context, s *Script, keys, args []string, onAbandon func(grant)) (v any, err error, abandoned bool) {
+	if ctx.Done() == nil {
+		v, err = n.c.Run(ctx, s, keys, args...)
+		return v, err, false
+	}
+	type reply struct {
+		v   any
+		err error
+	}
+	rc := make(chan reply, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.detachedTimeout())
+		defer cancel()
+		v, err := n.c.Run(rctx, s, keys, args...)
+		rc <- reply{v, err}
+	}()
+	select {
+	case x := <-rc:
+		return x.v, x.err, false
+	case <-ctx.Done():
+		n.background(func() {
+			x := <-rc
+			onAbandon(parseGrant(x.v, x.err))
+		})
+		return nil, nil, true
+	}
+}
+
+// background runs f in a goroutine that Close waits for.
+func (n *Node) background(f func()) {
+	n.bg.Add(1)
+	go func() {
+		defer n.bg.Done()
+		f()
+	}()
+}
+
+// waitErr is the error of a wait that ctx ended.
+func waitErr(ctx context.Context, op string, last error) error {
+	if last != nil {
+		return fmt.Errorf("redis: %s: %w (while waiting, last error: %w)", op, ctx.Err(), last)
+	}
+	return fmt.Errorf("redis: %s: %w", op, ctx.Err())
+}
+
+// BargeWait waits for a grant without a queue: it calls acquire, and while
+// another owner holds the key waits for a wake-up from subscribe (started
+// after the first refusal; nil means none) or the holder's reported PTTL,
+// capped at 2s, then tries again; the fastest waiter wins, as with
+// sync.Mutex. Errors as for Node.AcquireWait.
+func BargeWait(ctx context.Context, acquire func(context.Context) (uint64, error), subscribe func(context.Context) (<-chan struct{}, func(), error)) (uint64, error) {
+	var (
+		wake    <-chan struct{}
+		lastErr error
+	)
+	retry := retryMin
+	for first := true; ; first = false {
+		drain(wake)
+		tok, err := acquire(ctx)
+		if err == nil {
+			return tok, nil
+		}
+		var held *driver.HeldError
+		wait := fallbackWait
+		switch {
+		case errors.As(err, &held):
+			retry = retryMin
+			if wake == nil && subscribe != nil {
+				w, cancel, serr := subscribe(ctx)
+				if serr == nil {
+					defer cancel()
+					wake = w
+					continue // a release before the subscription was missed: look again
+				}
+				if ctx.Err() != nil {
+					return 0, waitErr(ctx, "acquire", lastErr)
+				}
+			}
+			if held.Remaining > 0 && held.Remaining+expirySlack < wait {
+				wait = held.Remaining + expirySlack + mrand.N(expirySlack)
+			}
+		case errors.Is(err, driver.ErrNotAcquired):
+			retry = retryMin
+		case first, ctx.Err() != nil, errors.Is(err, driver.ErrInvalid), errors.Is(err, driver.ErrClosed):
+			return 0, err
+		default:
+			lastErr = err
+			wait = jitter(retry)
+			retry = min(2*retry, retryMax)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-wake:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, waitErr(ctx, "acquire", lastErr)
+		}
+		t.Stop()
+	}
+}
+
+func drain(c <-chan struct{}) {
+	for {
+		select {
+		case <-c:
+		default:
+			return
+		}
+	}
+}
+
+// jitter spreads d over [0.8d, 1.2d).
+func jitter(d time.Duration) time.Duration {
+	return d*8/10 + mrand.N(d*4/10+1)
+}

@@ -1,0 +1,369 @@
+package drivertest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/conformance/faultproxy"
+	"github.com/go-locker/locker/internal/rediscore"
+	"github.com/go-locker/locker/internal/redistest"
+)
+
+// Deployment is a Redis deployment for the fair-queue scenarios: its URL
+// and the servers that may hold the queue (every Cluster master).
+type Deployment struct {
+	URL     string
+	Servers []*redistest.Server
+}
+
+// queueLen returns the number of waiters queued for key (LLEN of its
+// queue list, on whichever server holds it).
+func (d Deployment) queueLen(t testing.TB, key string) int64 {
+	lock, _, _ := rediscore.Keys("", key)
+	ql, _ := rediscore.QueueKeys(lock)
+	var n int64
+	for _, s := range d.Servers {
+		if v, err := s.Do("LLEN", ql); err == nil {
+			x, _ := v.(int64)
+			n += x
+		}
+	}
+	return n
+}
+
+// queueKeys returns how many of key's queue keys exist.
+func (d Deployment) queueKeys(key string) int64 {
+	lock, _, _ := rediscore.Keys("", key)
+	ql, qz := rediscore.QueueKeys(lock)
+	var n int64
+	for _, s := range d.Servers {
+		for _, k := range []string{ql, qz} {
+			if v, err := s.Do("EXISTS", k); err == nil {
+				x, _ := v.(int64)
+				n += x
+			}
+		}
+	}
+	return n
+}
+
+// waitFor polls cond every 2ms until it holds, failing the test after d.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// queued starts Acquire of key on l in a goroutine, once the queue holds
+// want-1 waiters, and returns when the queue holds want: the waiter is
+// then the want-th in line. The grant (or error) arrives on the returned
+// channel.
+func queued(t *testing.T, d Deployment, l *locker.Locker, key string, want int64) <-chan *locker.Lock {
+	t.Helper()
+	got := make(chan *locker.Lock, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		lk, err := l.Acquire(ctx, key, locker.WithTTL(10*time.Second))
+		if err != nil {
+			t.Errorf("waiter %d: %v", want, err)
+		}
+		got <- lk
+	}()
+	waitFor(t, 10*time.Second, fmt.Sprintf("waiter %d in the queue", want), func() bool { return d.queueLen(t, key) == want })
+	return got
+}
+
+// FairOrder: a holder and n waiters, each its own Locker (a process of its
+// own), queued one after another; releases grant them in arrival order,
+// and each waiter's release hands the key to the next.
+func FairOrder(t *testing.T, d Deployment, n int) {
+	key := "fair-order"
+	holder := Open(t, d.URL)
+	lk, err := holder.TryAcquire(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []int
+	var mu sync.Mutex
+	done := make([]<-chan *locker.Lock, n)
+	for i := range n {
+		done[i] = queued(t, d, Open(t, d.URL), key, int64(i+1))
+	}
+	if err := lk.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		select {
+		case g := <-done[i]:
+			if g == nil {
+				t.FailNow()
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			// Nobody else may hold it meanwhile: the others are queued.
+			for j := i + 1; j < n; j++ {
+				select {
+				case <-done[j]:
+					t.Fatalf("waiter %d granted while waiter %d holds the key (order so far %v)", j, i, order)
+				default:
+				}
+			}
+			if err := g.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("waiter %d not granted within 10s after its predecessor released (order so far %v)", i, order)
+		}
+	}
+	waitFor(t, 5*time.Second, "the queue keys to go", func() bool { return d.queueKeys(key) == 0 })
+}
+
+// FairCancel: a waiter whose ctx ends leaves the queue at once, and a
+// release then frees the key (nothing reserved for the gone waiter).
+func FairCancel(t *testing.T, d Deployment) {
+	key := "fair-cancel"
+	holder := Open(t, d.URL)
+	lk, err := holder.TryAcquire(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := Open(t, d.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := w.Acquire(ctx, key)
+		errc <- err
+	}()
+	waitFor(t, 10*time.Second, "the waiter in the queue", func() bool { return d.queueLen(t, key) == 1 })
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Acquire = %v, want context.Canceled", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("Acquire did not return within 1s of its ctx's end")
+	}
+	waitFor(t, 5*time.Second, "the queue keys to go", func() bool { return d.queueKeys(key) == 0 })
+	if err := lk.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	other, err := Open(t, d.URL).TryAcquire(context.Background(), key)
+	if err != nil {
+		t.Fatalf("after the release, TryAcquire = %v: something was left reserved", err)
+	}
+	_ = other.Release(context.Background())
+}
+
+// FairMany: n waiting Lockers all get the key, each once, one at a time.
+func FairMany(t *testing.T, d Deployment, n int) {
+	key := "fair-many"
+	var holding, granted sync.WaitGroup
+	var inside, maxInside int
+	var mu sync.Mutex
+	lockers := make([]*locker.Locker, n)
+	for i := range lockers {
+		lockers[i] = Open(t, d.URL)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	granted.Add(n)
+	for _, l := range lockers {
+		holding.Go(func() {
+			lk, err := l.Acquire(ctx, key, locker.WithTTL(10*time.Second))
+			if err != nil {
+				t.Error(err)
+				granted.Done()
+				return
+			}
+			mu.Lock()
+			inside++
+			maxInside = max(maxInside, inside)
+			mu.Unlock()
+			time.Sleep(time.Millisecond) // the critical section
+			mu.Lock()
+			inside--
+			mu.Unlock()
+			if err := lk.Release(context.Background()); err != nil {
+				t.Error(err)
+			}
+			granted.Done()
+		})
+	}
+	holding.Wait()
+	if maxInside != 1 {
+		t.Fatalf("%d holders at once", maxInside)
+	}
+	waitFor(t, 5*time.Second, "the queue keys to go", func() bool { return d.queueKeys(key) == 0 })
+}
+
+// Child process support for FairKilledWaiter.
+const (
+	childURLEnv = "LOCKER_FAIR_CHILD_URL"
+	childKeyEnv = "LOCKER_FAIR_CHILD_KEY"
+)
+
+// MaybeChild runs the queued waiter of FairKilledWaiter when the test
+// binary was started as that child, and exits; otherwise it returns at
+// once. Call it first in TestMain.
+func MaybeChild() {
+	u := os.Getenv(childURLEnv)
+	if u == "" {
+		return
+	}
+	l, err := locker.OpenURL(u)
+	if err != nil {
+		fmt.Println("open:", err)
+		os.Exit(1)
+	}
+	fmt.Println("waiting")
+	lk, err := l.Acquire(context.Background(), os.Getenv(childKeyEnv))
+	fmt.Println("acquired", lk != nil, err)
+	os.Exit(0)
+}
+
+// FairKilledWaiter: a waiter queued in another process is SIGKILLed while
+// first in line; after the holder's release the next waiter is granted
+// within the dead waiter's queue_ttl (its entry is not renewed), not
+// stuck. d.URL should set a short queue_ttl, given as queueTTL.
+func FairKilledWaiter(t *testing.T, d Deployment, queueTTL time.Duration) {
+	key := "fair-killed"
+	holder := Open(t, d.URL)
+	lk, err := holder.TryAcquire(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childURLEnv+"="+d.URL, childKeyEnv+"="+key)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() || lines.Text() != "waiting" {
+		t.Fatalf("child: %q", lines.Text())
+	}
+	waitFor(t, 10*time.Second, "the child in the queue", func() bool { return d.queueLen(t, key) == 1 })
+	next := queued(t, d, Open(t, d.URL), key, 2)
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	released := time.Now()
+	if err := lk.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case g := <-next:
+		took := time.Since(released)
+		if g == nil {
+			t.FailNow()
+		}
+		t.Logf("next waiter granted %v after the release (queue_ttl %v)", took.Round(time.Millisecond), queueTTL)
+		if took > queueTTL+500*time.Millisecond {
+			t.Fatalf("next waiter granted %v after the release; want within queue_ttl %v (+500ms)", took, queueTTL)
+		}
+		_ = g.Release(context.Background())
+	case <-time.After(queueTTL + 5*time.Second):
+		t.Fatal("the waiter behind a killed one was never granted")
+	}
+}
+
+// FairCutWaiter: the first waiter in line is cut off (its connections
+// blackholed by a fault proxy) when the holder releases; the lock reserved
+// for it lapses with its entry, and the next waiter is granted within
+// queue_ttl. proxied opens a Locker on the deployment through the proxy.
+func FairCutWaiter(t *testing.T, d Deployment, queueTTL time.Duration, px *faultproxy.Proxy, proxied string) {
+	key := "fair-cut"
+	holder := Open(t, d.URL)
+	lk, err := holder.TryAcquire(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cutl := Open(t, proxied)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cutGot := make(chan error, 1)
+	go func() {
+		lk, err := cutl.Acquire(ctx, key)
+		if err == nil {
+			_ = lk.Release(context.Background())
+		}
+		cutGot <- err
+	}()
+	waitFor(t, 10*time.Second, "the cut waiter in the queue", func() bool { return d.queueLen(t, key) == 1 })
+	next := queued(t, d, Open(t, d.URL), key, 2)
+	px.Blackhole()
+	released := time.Now()
+	if err := lk.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case g := <-next:
+		took := time.Since(released)
+		t.Logf("next waiter granted %v after the release (queue_ttl %v)", took.Round(time.Millisecond), queueTTL)
+		if took > queueTTL+500*time.Millisecond {
+			t.Fatalf("next waiter granted %v after the release; want within queue_ttl %v (+500ms)", took, queueTTL)
+		}
+		select {
+		case err := <-cutGot:
+			t.Fatalf("the cut-off waiter's Acquire returned (%v) while the next one holds the key", err)
+		default:
+		}
+		_ = g.Release(context.Background())
+	case <-time.After(queueTTL + 5*time.Second):
+		t.Fatal("the waiter behind a cut-off one was never granted")
+	}
+	px.Heal()
+	cancel()
+	<-cutGot
+}
+
+// Fair runs every fair-queue scenario on the driver whose URLs u spells:
+// order, cancellation, 64 waiters, a killed and a cut-off waiter on one
+// server (queue_ttl=600ms), and order on a Cluster and under Sentinel.
+func Fair(t *testing.T, u URLs) {
+	const queueTTL = 600 * time.Millisecond
+	q := "queue_ttl=600ms"
+	s := redistest.Start(t)
+	d := Deployment{URL: With(u.Of(s.Addr), q), Servers: []*redistest.Server{s}}
+	t.Run("order", func(t *testing.T) { FairOrder(t, d, 6) })
+	t.Run("cancel", func(t *testing.T) { FairCancel(t, d) })
+	t.Run("64-waiters", func(t *testing.T) { FairMany(t, d, 64) })
+	t.Run("killed-waiter", func(t *testing.T) { FairKilledWaiter(t, d, queueTTL) })
+	t.Run("cut-waiter", func(t *testing.T) {
+		px, err := faultproxy.New(s.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer px.Close()
+		FairCutWaiter(t, d, queueTTL, px, With(u.Of(px.Addr()), q, "dial_timeout=200ms"))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.StartCluster(t, 3)
+		FairOrder(t, Deployment{URL: With(u.Of(c.Addrs()...), "cluster=true", q), Servers: c.Masters}, 4)
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		sn := redistest.StartSentinel(t)
+		FairOrder(t, Deployment{URL: With(u.Of(sn.Sentinel.Addr), "sentinel_master="+sn.Name, q), Servers: []*redistest.Server{sn.Master}}, 4)
+	})
+}
