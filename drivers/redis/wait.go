@@ -33,8 +33,8 @@ type subscriber struct {
 	waiters map[string][]chan struct{} // closed when pending drops to zero
 	// listeners are the channels subscribed by Listen, with their callbacks.
 	listeners map[string]func(string)
-	done    chan struct{}              // closed by close; ends the receive loop
-	loopEnd chan struct{}              // closed when the receive loop returns
+	done      chan struct{} // closed by close; ends the receive loop
+	loopEnd   chan struct{} // closed when the receive loop returns
 }
 
 func newSubscriber(c redis.UniversalClient) *subscriber {

@@ -60,7 +60,7 @@ type lockerCore interface {
 type Locker struct {
 	core   lockerCore
 	w      subscriber
-	lis    *listener // the fair queue's wake channel; nil under Redlock
+	lis    *listener            // the fair queue's wake channel; nil under Redlock
 	hold   *rediscore.HoldWatch // nil where hold watching is unsupported
 	opts   Options
 	closed chan struct{}
