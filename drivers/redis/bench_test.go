@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
 // seedRelease is the article's compare-and-delete script: the raw client's
@@ -353,4 +354,23 @@ func benchHandoff(b *testing.B, servers []*redistest.Server, dsn string, contend
 	b.ReportMetric(float64(rtt.Nanoseconds())/1e3, "rtt-us")
 	b.ReportMetric(float64(evalsha)/float64(h), "evalsha/handoff")
 	b.ReportMetric(float64(calls)/float64(h), "cmds/handoff")
+}
+
+// BenchmarkQueue: separate Lockers (as separate processes) contending
+// for one key, 5ms hold, with the fair queue (the default) and barging
+// (fair=false); see drivertest.Contention for the metrics. Run with a fixed
+// count, e.g. -benchtime 400x.
+func BenchmarkQueue(b *testing.B) {
+	s := redistest.Start(b)
+	for _, mode := range []string{"fair", "barging"} {
+		for _, procs := range []int{8, 32, 64} {
+			b.Run(mode+"-"+strconv.Itoa(procs), func(b *testing.B) {
+				dsn := s.URL()
+				if mode == "barging" {
+					dsn += "?fair=false"
+				}
+				drivertest.Contention(b, s, dsn, procs, 5*time.Millisecond)
+			})
+		}
+	}
 }

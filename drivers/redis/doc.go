@@ -43,6 +43,8 @@
 //	drift_factor=0.01         Redlock: clock drift allowance per unit of TTL, in (0, 0.5)
 //	max_key_len=4096          longest key accepted, in bytes
 //	token_retention=10m       how long a fencing-token counter outlives its lock
+//	fair=true                 queue waiters on the server in arrival order (see Fairness); false: barging
+//	queue_ttl=3s              how long a queued waiter's entry outlives its last renewal (at least 30ms)
 //
 // cluster=true together with sentinel_master is an error.
 //
@@ -148,8 +150,8 @@
 // NX PX plus the token; a held key answers with the holder's PTTL, which
 // package locker uses to wake exactly when a crashed holder's lock expires.
 // Refresh compares the owner and PEXPIREs, never reviving an expired key.
-// Release compares the owner, DELetes and PUBLISHes on the channel
-// "<prefix>:{k}".
+// Release compares the owner and, unless a waiter is queued (see
+// Fairness), DELetes and PUBLISHes on the channel "<prefix>:{k}".
 //
 // Tokens are max(counter+1, server TIME in microseconds). They strictly
 // increase per key across release, expiry and re-acquire; they keep
@@ -170,6 +172,48 @@
 // the key is handed over within 1s of the release, sooner than package
 // locker's fallback timer could); an expired
 // (crashed) holder is noticed through the PTTL returned by Acquire.
+//
+// # Fairness
+//
+// On a single server, a Cluster and Sentinel, waiting Acquires of separate
+// Lockers (separate processes) queue on the server and are granted in
+// arrival order; Locker implements driver.BlockingAcquirer, so package
+// locker waits there. The queue lives beside the lock, in its Cluster slot:
+// a list "<prefix>:{k}:q" of waiters and a sorted set "<prefix>:{k}:qt" of
+// their entries' expiry times. A release hands the lock to the first live
+// waiter (the key holds a reservation for it that nobody else can take)
+// and wakes only that waiter, by a message on its Locker's channel
+// "<prefix>:wake:<id>" (one SUBSCRIBE per Locker, for its life); the waiter
+// then takes the lock with a fresh token. A handoff therefore costs three
+// round trips (the waiter's queueing, its grant, the release) whatever the
+// number of waiting processes, and nobody else is woken
+// (drivertest.Contention, BenchmarkContention). A free key with nobody
+// queued is taken in one round trip with no queue work
+// (TestCommandsPerOperation).
+//
+// A waiter renews its queue entry every queue_ttl/2. One that crashed or
+// was cut off stops renewing: its entry, and a reservation made for it,
+// lapse within queue_ttl, and the next waiter goes on
+// (TestFair/killed-waiter, TestFair/cut-waiter). A cancelled wait removes
+// its entry at once and passes on a reservation it was given, leaving
+// nothing behind (TestFair/cancel). Tokens and the fencing rules are those
+// of every grant. Within one Locker, package locker queues its own callers
+// and lets one at a time wait on the server. go-redis and rueidis Lockers
+// share one queue (drivers/rueidis TestCrossDriverQueue).
+//
+// Not promised: a TryAcquire, or a barging waiter, may take a key that is
+// free with waiters queued — which happens only after a holder's TTL ran
+// out (the first waiter is woken by its own timer at that moment) or a
+// reservation lapsed. Redlock does not queue (fair=true with several hosts
+// is an error): a queue lives on one server, and a Redlock's purpose is to
+// depend on none; its contenders already meet first on one gate master.
+//
+// fair=false turns the queue off: every waiter is woken by the release's
+// PUBLISH and the first to retry wins, as with sync.Mutex. That saves the
+// queueing round trip when waiters are few and short-lived, at the cost of
+// order: under contention a fast process takes most grants and the server
+// work per handoff grows with the number of waiters (BenchmarkContention
+// barging-32: fairness near 0, tens of commands per acquisition).
 //
 // # Redlock
 //

@@ -16,6 +16,7 @@ import (
 	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/internal/rediscore"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
 // Benchmarks run against their own redis-server. Run them with
@@ -397,4 +398,23 @@ func BenchmarkContention(b *testing.B) {
 		}
 		handoff(b, s, acq, hold)
 	})
+}
+
+// BenchmarkQueue: separate Lockers (as separate processes) contending
+// for one key, 5ms hold, with the fair queue (the default) and barging
+// (fair=false); see drivertest.Contention for the metrics. Run with a fixed
+// count, e.g. -benchtime 400x.
+func BenchmarkQueue(b *testing.B) {
+	s := redistest.Start(b)
+	for _, mode := range []string{"fair", "barging"} {
+		for _, procs := range []int{8, 32, 64} {
+			b.Run(mode+"-"+strconv.Itoa(procs), func(b *testing.B) {
+				dsn := urlOf(s.Addr)
+				if mode == "barging" {
+					dsn += "?fair=false"
+				}
+				drivertest.Contention(b, s, dsn, procs, 5*time.Millisecond)
+			})
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/go-locker/locker/driver"
 	redisdrv "github.com/go-locker/locker/drivers/redis"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
 // drivers/redis and drivers/rueidis share the key layout and the scripts: a
@@ -100,4 +101,14 @@ func TestCrossDriver(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("rueidis waiter not woken by a go-redis release")
 	}
+}
+
+// TestCrossDriverQueue: go-redis and rueidis waiters share one fair queue:
+// a go-redis waiter queued behind a rueidis one is granted after it, and
+// the other way round.
+func TestCrossDriverQueue(t *testing.T) {
+	s := redistest.Start(t)
+	ru, gr := urlOf(s.Addr), "redis://"+s.Addr
+	d := drivertest.Deployment{URL: gr, Servers: []*redistest.Server{s}}
+	drivertest.FairOrderAcross(t, d, ru, gr, ru, gr)
 }

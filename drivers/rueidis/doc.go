@@ -47,6 +47,8 @@
 //	drift_factor=0.01           Redlock: clock drift allowance per unit of TTL, in (0, 0.5)
 //	max_key_len=4096            longest key accepted, in bytes
 //	token_retention=10m         how long a fencing-token counter outlives its lock
+//	fair=true                   queue waiters on the server in arrival order (see Fairness); false: barging
+//	queue_ttl=3s                how long a queued waiter's entry outlives its last renewal (at least 30ms)
 //
 // cluster=true together with sentinel_master is an error. drivers/redis's
 // read_timeout, write_timeout and pool_size have no rueidis counterpart
@@ -162,6 +164,18 @@
 // provided the server's clock never steps back by more than token_retention;
 // counters of idle keys expire after ttl + token_retention, so they do not
 // pile up. Capabilities reports DurableTokens under that assumption.
+//
+// # Fairness
+//
+// Waiting Acquires queue on the server exactly as with drivers/redis (see
+// its package documentation, Fairness; the queue, the scripts and the key
+// layout are shared, and waiters of both drivers stand in one queue):
+// single server, Cluster and Sentinel queue waiters in arrival order, a
+// release wakes only the next one through its Locker's wake channel (a
+// SUBSCRIBE on the script client, one per Locker), a dead or cut-off
+// waiter holds the queue up for at most queue_ttl (TestFair), Redlock and
+// fair=false barge. The client-side-caching waits below serve barging
+// waiters and driver.Waiter.
 //
 // # Waiting: client-side caching
 //

@@ -53,7 +53,7 @@ type Options struct {
 	// Redlock always barges.
 	Barging bool
 	// QueueTTL (URL: queue_ttl) is how long a queued waiter's entry lives
-	// unless the waiter renews it, which it does every QueueTTL/3 while it
+	// unless the waiter renews it, which it does every QueueTTL/2 while it
 	// waits; default 3s. A waiter that crashed or was cut off holds up the
 	// queue for at most this long. At least 30ms.
 	QueueTTL time.Duration

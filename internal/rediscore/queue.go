@@ -33,7 +33,7 @@ import (
 // costs the server O(1) commands however many processes wait.
 //
 // Entries live QueueTTL unless renewed; a waiter renews its entry every
-// QueueTTL/3 by running QueueAcquireScript again. A waiter that crashed or
+// QueueTTL/2 by running QueueAcquireScript again. A waiter that crashed or
 // was cut off stops renewing: its entry, and a reservation made for it,
 // lapse within QueueTTL, and the waiter behind it, whose timer is set to
 // that moment, drops it and goes on. A cancelled wait removes its entry at
@@ -296,7 +296,7 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 	}
 	wake := make(chan struct{}, 1)
 	defer n.route.add(lock, wake)()
-	beat := n.o.QueueTTL / 3
+	beat := n.o.QueueTTL / 2
 	retry := retryMin
 	var lastErr error
 	for first := true; ; first = false {

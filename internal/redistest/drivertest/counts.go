@@ -25,7 +25,7 @@ type monitor struct {
 	seen chan struct{}
 }
 
-func startMonitor(t *testing.T, addr string) *monitor {
+func startMonitor(t testing.TB, addr string) *monitor {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
@@ -72,7 +72,7 @@ func startMonitor(t *testing.T, addr string) *monitor {
 // take returns the commands recorded since the last take: it sends a
 // marker command to the server and waits until MONITOR has shown it, so
 // every command sent before is in.
-func (m *monitor) take(t *testing.T, addr string, n int) []string {
+func (m *monitor) take(t testing.TB, addr string, n int) []string {
 	t.Helper()
 	m.mu.Lock()
 	m.mark = fmt.Sprintf("drivertest-mark-%d", n)
@@ -110,9 +110,10 @@ func CommandsPerOperation(t *testing.T, open func(addrs ...string) (driver.Locke
 // Commands asserts how many commands (round trips: the driver sends one
 // command per round trip and node) each operation of a raw driver.Locker
 // sends to each server, counted by the servers themselves (MONITOR, script
-// internals left out): acquire, refresh and release are one EVALSHA each on
-// a single server; on a Redlock over len(addrs) masters, release and
-// refresh are one EVALSHA per node, and acquire is the gate node's
+// internals left out): acquire, refresh and release, and a waiting acquire
+// of a free key, are one EVALSHA each on a single server; on a Redlock over len(addrs) masters, release and
+// refresh are one EVALSHA per node, and acquire (and a waiting acquire,
+// driver.BlockingAcquirer, of a free key) is the gate node's
 // EVALSHA, then one on every other node, then the token write-back
 // (one EVALSHA per granting node), so 2×N commands in three rounds.
 // open opens a driver on the servers.
@@ -134,6 +135,15 @@ func Commands(t *testing.T, addrs []string, open func() (driver.Locker, error)) 
 	}
 	if err := d.Release(ctx, "warm", "o"); err != nil {
 		t.Fatal(err)
+	}
+	bw, blocking := d.(driver.BlockingAcquirer)
+	if blocking {
+		if _, err := bw.AcquireWait(ctx, "warm", "o", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Release(ctx, "warm", "o"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ms := make([]*monitor, len(addrs))
 	for i, a := range addrs {
@@ -171,4 +181,10 @@ func Commands(t *testing.T, addrs []string, open func() (driver.Locker, error)) 
 	count("acquire", acquire, func() error { _, err := d.Acquire(ctx, "k", "o", time.Minute); return err })
 	count("refresh", one, func() error { return d.Refresh(ctx, "k", "o", time.Minute) })
 	count("release", one, func() error { return d.Release(ctx, "k", "o") })
+	if blocking {
+		// A waiting acquire of a free key: the fair queue's fast path is
+		// one script too, with no queue work.
+		count("acquire-wait", acquire, func() error { _, err := bw.AcquireWait(ctx, "k", "o", time.Minute); return err })
+		count("release", one, func() error { return d.Release(ctx, "k", "o") })
+	}
 }

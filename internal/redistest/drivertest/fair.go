@@ -91,7 +91,18 @@ func queued(t *testing.T, d Deployment, l *locker.Locker, key string, want int64
 // own), queued one after another; releases grant them in arrival order,
 // and each waiter's release hands the key to the next.
 func FairOrder(t *testing.T, d Deployment, n int) {
+	urls := make([]string, n)
+	for i := range urls {
+		urls[i] = d.URL
+	}
+	FairOrderAcross(t, d, urls...)
+}
+
+// FairOrderAcross is FairOrder with the i-th waiter opened on waiterURLs[i]
+// (another driver, say), on the same deployment.
+func FairOrderAcross(t *testing.T, d Deployment, waiterURLs ...string) {
 	key := "fair-order"
+	n := len(waiterURLs)
 	holder := Open(t, d.URL)
 	lk, err := holder.TryAcquire(context.Background(), key)
 	if err != nil {
@@ -101,7 +112,7 @@ func FairOrder(t *testing.T, d Deployment, n int) {
 	var mu sync.Mutex
 	done := make([]<-chan *locker.Lock, n)
 	for i := range n {
-		done[i] = queued(t, d, Open(t, d.URL), key, int64(i+1))
+		done[i] = queued(t, d, Open(t, waiterURLs[i]), key, int64(i+1))
 	}
 	if err := lk.Release(context.Background()); err != nil {
 		t.Fatal(err)
