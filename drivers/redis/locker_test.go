@@ -90,7 +90,7 @@ func TestOpenErrors(t *testing.T) {
 		"wrong password":  {"redis://:s3cr3t@" + pw.Addr, "authentication failed", false},
 		"no password":     {"redis://" + pw.Addr, "authentication failed", false},
 		"not redis":       {"redis://" + ln.Addr().String(), "is this a Redis server", false},
-		"replica":         {"redis://" + replica.Addr, "is a slave of 127.0.0.1:" + itoa(master.Port) + ", not a master", true},
+		"replica":         {"redis://" + replica.Addr, "is a replica (ROLE slave of 127.0.0.1:" + itoa(master.Port) + "), not a master", true},
 		"redlock replica": {"redis://" + master.Addr + "," + replica.Addr + "," + pw.Addr, "not a master", true},
 		"both modes":      {"redis://" + master.Addr + "?cluster=true&sentinel_master=m", "mutually exclusive", true},
 		"untrusted cert":  {"rediss://" + tlsOnly.Addr, "TLS handshake failed", false},

@@ -125,7 +125,7 @@ func TestScriptReloadAfterFlush(t *testing.T) {
 }
 
 func keysOf(l *Locker, key string) (lock, counter, channel string) {
-	return keysFor(l.opts.Prefix, key)
+	return keysFor(rediscore.DefaultPrefix, key)
 }
 
 // Bad input: each case gets a clear error naming the cause, before or at

@@ -213,7 +213,7 @@ func TestWaitSameLocker(t *testing.T) {
 // trackedByCache reports whether the Locker's watch of key is armed, i.e.
 // the server tracks the key for it.
 func trackedByCache(l *Locker, key string) bool {
-	lock, _, _ := rediscore.Keys(l.opts.Prefix, key)
+	lock, _, _ := rediscore.Keys(rediscore.DefaultPrefix, key)
 	w := l.w.(*cscWaiter)
 	w.mu.Lock()
 	defer w.mu.Unlock()

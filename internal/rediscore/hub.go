@@ -112,6 +112,17 @@ func (h *Hub) Subscribe(ctx context.Context, channel string, wake chan<- struct{
 	}
 }
 
+// Wait is Subscribe with a wake channel of its own (buffered 1), in the
+// shape of Waiter.Subscribe.
+func (h *Hub) Wait(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+	wake := make(chan struct{}, 1)
+	cancel, err := h.Subscribe(ctx, channel, wake)
+	if err != nil {
+		return nil, nil, err
+	}
+	return wake, cancel, nil
+}
+
 func (h *Hub) remove(channel string, e *hubEntry, s *hubSub) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -92,14 +92,27 @@ type Locker struct {
 	closeErr  error
 }
 
-var (
-	_ driver.Locker      = (*Locker)(nil)
-	_ driver.Inspector   = (*Locker)(nil)
-	_ driver.Capable     = (*Locker)(nil)
-	_ driver.Pinger      = (*Locker)(nil)
-	_ driver.Waiter      = (*Locker)(nil)
-	_ driver.HoldWatcher = (*Locker)(nil)
-)
+// Interfaces are the driver interfaces Locker implements; each driver
+// asserts its own Locker against it.
+type Interfaces interface {
+	driver.Locker
+	driver.Inspector
+	driver.Capable
+	driver.Pinger
+	driver.Waiter
+	driver.HoldWatcher
+}
+
+var _ Interfaces = (*Locker)(nil)
+
+// Opened is a driver's Driver.Open over its Open: the *Locker as a
+// driver.Locker, or a nil interface (never a typed nil) with the error.
+func Opened[L driver.Locker](l L, err error) (driver.Locker, error) {
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
 
 // NewLocker returns a Locker over cfg: a Node when cfg.Conns holds one
 // Conn, a Redlock when it holds several. It makes no round trip. Close
