@@ -155,7 +155,7 @@
 // For example
 //
 //	{"key":"job","reachable":true,"held":true,"holder":"5f0e…","token":42,"remaining_ms":29417}
-//	{"key":"job","reachable":false,"error":"open: redis: 127.0.0.1:6379: server unreachable: …"}
+//	{"key":"job","reachable":false,"error":"open: redis: 127.0.0.1:6379: ROLE: server unreachable: …"}
 //
 // # locker bench
 //

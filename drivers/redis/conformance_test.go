@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-locker/locker/conformance"
 	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/rediscore"
 	"github.com/go-locker/locker/internal/redistest"
 	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
@@ -40,70 +41,38 @@ func openT(t testing.TB, dsn string) *Locker {
 	return l
 }
 
-// TestConformanceSingle runs the suite, fault subtests included (see
-// drivertest.FaultHarness), on one server.
-func TestConformanceSingle(t *testing.T) {
-	addr, s := drivertest.FaultServer(t)
-	conformance.Run(t, drivertest.FaultHarness(t, addr, s, func(addr string) (driver.Locker, error) { return Open(urlOf(addr)) }))
-}
+// drv is this driver as drivertest runs it.
+var drv = drivertest.Driver{Open: func(dsn string) (driver.Locker, error) { return rediscore.Opened(Open(dsn)) }, URL: urlOf}
+
+// TestConformanceSingle runs the suite, fault subtests included, on one
+// server (drivertest.Driver.ConformanceSingle).
+func TestConformanceSingle(t *testing.T) { drv.ConformanceSingle(t) }
 
 // A Locker on an adopted client (New) passes the same suite.
 func TestConformanceAdopted(t *testing.T) {
-	s := redistest.Start(t)
-	conformance.Run(t, conformance.Harness{
-		Open: func(ctx context.Context) (driver.Locker, error) {
-			cl := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
-			l, err := New(cl, Options{})
-			if err != nil {
-				cl.Close()
-				return nil, err
-			}
-			return &closeBoth{l, cl}, nil
-		},
+	drivertest.ConformanceAdopted(t, func(addr string) (driver.Locker, error) {
+		cl := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+		l, err := New(cl, Options{})
+		if err != nil {
+			cl.Close()
+			return nil, err
+		}
+		return drivertest.CloseToo(l.core, func() { cl.Close() }), nil
 	})
 }
 
-// closeBoth closes the adopted client after the Locker, as its owner would.
-type closeBoth struct {
-	*Locker
-	cl redis.UniversalClient
-}
+// TestConformanceRedlock runs the suite, fault subtests included, on five
+// masters (drivertest.Driver.ConformanceRedlock). node_timeout 200ms:
+// generous for a loaded machine under -race.
+func TestConformanceRedlock(t *testing.T) { drv.ConformanceRedlock(t, "node_timeout=200ms") }
 
-func (c *closeBoth) Close() error {
-	err := c.Locker.Close()
-	c.cl.Close()
-	return err
-}
+// TestConformanceCluster runs the suite, fault subtests included, on a
+// Cluster of three masters (drivertest.Driver.ConformanceCluster).
+func TestConformanceCluster(t *testing.T) { drv.ConformanceCluster(t) }
 
-// TestConformanceRedlock runs the suite, fault subtests included (see
-// drivertest.RedlockFaultHarness), on five masters.
-func TestConformanceRedlock(t *testing.T) {
-	addrs, ms := drivertest.RedlockFaultServers(t, 5)
-	// node_timeout 200ms: generous for a loaded machine under -race.
-	dsnOf := func(addrs []string) string { return drivertest.With(urlOf(addrs...), "node_timeout=200ms") }
-	l := openT(t, dsnOf(addrs))
-	conformance.Run(t, drivertest.RedlockFaultHarness(t, addrs, ms, l.Capabilities().MinTTL, func(addrs []string) (driver.Locker, error) { return Open(dsnOf(addrs)) }))
-}
-
-// TestConformanceCluster runs the suite, fault subtests included (see
-// drivertest.ClusterFaultHarness), on a Cluster of three masters.
-func TestConformanceCluster(t *testing.T) {
-	addrs, c := drivertest.ClusterFaultServers(t, 3)
-	conformance.Run(t, drivertest.ClusterFaultHarness(t, addrs, c, func(addrs []string) (driver.Locker, error) { return Open(urlOf(addrs...) + "?cluster=true") }))
-}
-
-// TestConformanceSentinel runs the suite, fault subtests included (see
-// drivertest.SentinelFaultHarness), on a master, a replica and a sentinel.
-func TestConformanceSentinel(t *testing.T) {
-	addr := drivertest.SentinelFaultServers(t)
-	conformance.Run(t, drivertest.SentinelFaultHarness(addr, func(addr string) (driver.Locker, error) {
-		l, err := Open(urlOf(addr) + "?sentinel_master=mymaster")
-		if err != nil {
-			return nil, err
-		}
-		return l, nil
-	}))
-}
+// TestConformanceSentinel runs the suite, fault subtests included, on a
+// master, a replica and a sentinel (drivertest.Driver.ConformanceSentinel).
+func TestConformanceSentinel(t *testing.T) { drv.ConformanceSentinel(t) }
 
 // rediss:// against a TLS-only server (self-signed certificate, so the
 // check is skipped with insecure_skip_verify=true).

@@ -24,26 +24,6 @@ const invalidateChannel = "__redis__:invalidate"
 // its tracked keys, so every watched key is read again.
 const trackerPing = time.Second
 
-var _ driver.HoldWatcher = (*Locker)(nil)
-
-// WatchHold implements driver.HoldWatcher with server-assisted client-side
-// tracking (see the package documentation, "Watching a held lock"):
-// lost is called when key is deleted, evicted, expires or is overwritten
-// by another grant. The Locker's own refreshes are re-read and not
-// reported. Supported on Lockers from Open on a single server or a Sentinel
-// master; other Lockers (Cluster, Redlock, adopted clients) return an error
-// and their locks are watched by renewal alone. Errors: driver.ErrClosed
-// after Close.
-func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (func(), error) {
-	if l.isClosed() {
-		return nil, fmt.Errorf("redis: %w", driver.ErrClosed)
-	}
-	if l.tracker == nil {
-		return nil, errors.New("redis: hold watching needs a Locker from Open on a single server or a Sentinel master")
-	}
-	return l.tracker.hold.Watch(key, owner, token, lost)
-}
-
 // tracker runs the two connections hold watching needs: a RESP2 pub/sub
 // connection subscribed to __redis__:invalidate, and a tracking connection
 // (CLIENT TRACKING ON REDIRECT <the subscriber's id>) on which the watched

@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -13,19 +12,8 @@ import (
 	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
-
-// waitFor polls cond until it is true or the deadline passes.
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
-	}
-}
 
 func TestRegistered(t *testing.T) {
 	s := redistest.Start(t)
@@ -62,21 +50,7 @@ func TestOpenErrors(t *testing.T) {
 	pw := redistest.Start(t, "--requirepass", "right")
 
 	// A port that speaks something else than Redis.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"))
-			c.Close()
-		}
-	}()
+	notRedis := drivertest.NotRedis(t)
 
 	master := redistest.Start(t)
 	replica := redistest.Start(t, "--replicaof", "127.0.0.1", itoa(master.Port))
@@ -89,8 +63,8 @@ func TestOpenErrors(t *testing.T) {
 		"unreachable":     {"redis://" + unreachable + "?dial_timeout=2s", "server unreachable", false},
 		"wrong password":  {"redis://:s3cr3t@" + pw.Addr, "authentication failed", false},
 		"no password":     {"redis://" + pw.Addr, "authentication failed", false},
-		"not redis":       {"redis://" + ln.Addr().String(), "is this a Redis server", false},
-		"replica":         {"redis://" + replica.Addr, "is a slave of 127.0.0.1:" + itoa(master.Port) + ", not a master", true},
+		"not redis":       {"redis://" + notRedis, "is this a Redis server", false},
+		"replica":         {"redis://" + replica.Addr, "is a replica (ROLE slave of 127.0.0.1:" + itoa(master.Port) + "), not a master", true},
 		"redlock replica": {"redis://" + master.Addr + "," + replica.Addr + "," + pw.Addr, "not a master", true},
 		"both modes":      {"redis://" + master.Addr + "?cluster=true&sentinel_master=m", "mutually exclusive", true},
 		"untrusted cert":  {"rediss://" + tlsOnly.Addr, "TLS handshake failed", false},
@@ -196,7 +170,7 @@ func TestServerRestartWhileHeld(t *testing.T) {
 	}
 	s.Restart()
 	var lk2 *locker.Lock
-	waitFor(t, "acquire after restart", 20*time.Second, func() bool {
+	drivertest.WaitFor(t, 20*time.Second, "acquire after restart", func() bool {
 		lk2, err = l.TryAcquire(ctx, "k", locker.WithTTL(time.Minute))
 		return err == nil
 	})
@@ -275,7 +249,7 @@ func TestCancelledAcquireLeavesNothing(t *testing.T) {
 		t.Fatalf("acquire returned %v after its deadline", d)
 	}
 	s.Cont()
-	waitFor(t, "no lock left behind", 20*time.Second, func() bool {
+	drivertest.WaitFor(t, 20*time.Second, "no lock left behind", func() bool {
 		v, _ := s.Do("EXISTS", "locker:{k}")
 		return v == int64(0)
 	})
@@ -335,13 +309,13 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait until the replica has the counter, then fail over.
-	waitFor(t, "replication of the counter", 20*time.Second, func() bool {
+	drivertest.WaitFor(t, 20*time.Second, "replication of the counter", func() bool {
 		v, _ := sn.Replica.Do("EXISTS", "locker:{k}:token")
 		return v == int64(1)
 	})
 	sn.Master.Kill()
 	var lk2 *locker.Lock
-	waitFor(t, "a lock after failover", 60*time.Second, func() bool {
+	drivertest.WaitFor(t, 60*time.Second, "a lock after failover", func() bool {
 		c, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		lk2, err = l.TryAcquire(c, "k", locker.WithTTL(time.Minute), locker.WithAutoRenew(false))

@@ -235,3 +235,107 @@ func (s *subscriber) close() {
 		<-end
 	}
 }
+
+// waiter is the Locker's rediscore.Waiter: one subscriber per deployment
+// (N for Redlock) and, where holds are watched, the tracker, which Shut
+// closes too.
+type waiter struct {
+	subs    []*subscriber
+	quorum  int      // subscriptions Subscribe needs (1, or N/2+1)
+	tracker *tracker // nil where hold watching is unsupported
+}
+
+// Subscribe subscribes to channel on every server; under Redlock it
+// returns once a quorum confirmed (see Locker).
+func (w *waiter) Subscribe(ctx context.Context, _, channel string) (<-chan struct{}, func(), error) {
+	if len(w.subs) == 1 {
+		return w.subs[0].hub.Wait(ctx, channel)
+	}
+	return w.subscribeQuorum(ctx, channel, make(chan struct{}, 1))
+}
+
+// Shut closes the tracker and every subscriber.
+func (w *waiter) Shut() {
+	if w.tracker != nil {
+		w.tracker.close()
+	}
+	for _, s := range w.subs {
+		s.close()
+	}
+}
+func (w *waiter) subscribeQuorum(ctx context.Context, channel string, wake chan struct{}) (<-chan struct{}, func(), error) {
+	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	type result struct {
+		cancel func()
+		err    error
+	}
+	results := make(chan result, len(w.subs))
+	for _, s := range w.subs {
+		go func() {
+			c, err := s.Subscribe(sctx, channel, wake)
+			results <- result{c, err}
+		}()
+	}
+	var (
+		mu       sync.Mutex
+		cancels  []func()
+		finished bool
+	)
+	// collect keeps the cancel funcs of subscriptions that succeed after
+	// Subscribe returned.
+	collect := func(r result) {
+		if r.err != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if finished {
+			r.cancel()
+			return
+		}
+		cancels = append(cancels, r.cancel)
+	}
+	cancelAll := func() {
+		stop()
+		mu.Lock()
+		defer mu.Unlock()
+		finished = true
+		for _, c := range cancels {
+			c()
+		}
+		cancels = nil
+	}
+	ok, failed := 0, 0
+	var first error
+	for ok < w.quorum && failed < len(w.subs)-w.quorum+1 {
+		select {
+		case r := <-results:
+			collect(r)
+			if r.err == nil {
+				ok++
+			} else {
+				failed++
+				if first == nil {
+					first = r.err
+				}
+			}
+		case <-ctx.Done():
+			go drain(results, len(w.subs)-ok-failed, collect)
+			cancelAll()
+			return nil, nil, fmt.Errorf("redis: subscribe: %w", ctx.Err())
+		}
+	}
+	go drain(results, len(w.subs)-ok-failed, collect)
+	if ok < w.quorum {
+		cancelAll()
+		return nil, nil, fmt.Errorf("redis: redlock subscribe: %d of %d nodes confirmed (quorum %d): %w", ok, len(w.subs), w.quorum, first)
+	}
+	var once sync.Once
+	return wake, func() { once.Do(cancelAll) }, nil
+}
+
+func drain[T any](ch <-chan T, n int, f func(T)) {
+	for range n {
+		f(<-ch)
+	}
+}

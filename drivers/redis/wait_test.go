@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
 func numsub(t *testing.T, s *redistest.Server, channel string) int64 {
@@ -102,7 +103,7 @@ func TestWaitersShareOneSubscription(t *testing.T) {
 		c()
 		c()
 	}
-	waitFor(t, "unsubscribe", 20*time.Second, func() bool { return numsub(t, s, "locker:{k}") == 0 })
+	drivertest.WaitFor(t, 20*time.Second, "unsubscribe", func() bool { return numsub(t, s, "locker:{k}") == 0 })
 }
 
 // A release of another key does not wake; a waiter of a key whose holder
@@ -155,7 +156,7 @@ func TestWaitAcrossServerRestart(t *testing.T) {
 	s.Kill()
 	woken(t, "connection lost", w)
 	s.Restart()
-	waitFor(t, "resubscribed", 30*time.Second, func() bool { return numsub(t, s, "locker:{k}") == 1 })
+	drivertest.WaitFor(t, 30*time.Second, "resubscribed", func() bool { return numsub(t, s, "locker:{k}") == 1 })
 	woken(t, "resubscribed", w) // the resubscription itself wakes (a release may have been missed)
 	drainWake(w)
 	other := openT(t, s.URL())

@@ -9,80 +9,48 @@ import (
 
 	"github.com/go-locker/locker/conformance"
 	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/rediscore"
 	"github.com/go-locker/locker/internal/redistest"
 	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
-// TestConformanceSingle runs the suite, fault subtests included (see
-// drivertest.FaultHarness), on one server.
-func TestConformanceSingle(t *testing.T) {
-	addr, s := drivertest.FaultServer(t)
-	conformance.Run(t, drivertest.FaultHarness(t, addr, s, func(addr string) (driver.Locker, error) { return Open(urlOf(addr)) }))
-}
+// drv is this driver as drivertest runs it.
+var drv = drivertest.Driver{Open: func(dsn string) (driver.Locker, error) { return rediscore.Opened(Open(dsn)) }, URL: urlOf}
+
+// TestConformanceSingle runs the suite, fault subtests included, on one
+// server (drivertest.Driver.ConformanceSingle).
+func TestConformanceSingle(t *testing.T) { drv.ConformanceSingle(t) }
 
 // A Locker on an adopted client (New) waits on pub/sub instead of
 // client-side caching; it passes the same suite.
 func TestConformanceAdopted(t *testing.T) {
-	s := redistest.Start(t)
-	conformance.Run(t, conformance.Harness{
-		Open: func(ctx context.Context) (driver.Locker, error) {
-			cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{s.Addr}, ForceSingleClient: true})
-			if err != nil {
-				return nil, err
-			}
-			l, err := New(cl)
-			if err != nil {
-				cl.Close()
-				return nil, err
-			}
-			return &closeBoth{l, cl}, nil
-		},
-	})
-}
-
-// closeBoth closes the adopted client after the Locker, as its owner would.
-type closeBoth struct {
-	*Locker
-	cl rueidis.Client
-}
-
-func (c *closeBoth) Close() error {
-	err := c.Locker.Close()
-	c.cl.Close()
-	return err
-}
-
-// TestConformanceRedlock runs the suite, fault subtests included (see
-// drivertest.RedlockFaultHarness), on five masters.
-func TestConformanceRedlock(t *testing.T) {
-	addrs, ms := drivertest.RedlockFaultServers(t, 5)
-	// A node_timeout above the default 100ms: under -race on a loaded
-	// 2-core host a node can miss 100ms, and a missed quorum costs a
-	// retry and a clean-up on every node.
-	dsnOf := func(addrs []string) string { return urlOf(addrs...) + "?node_timeout=250ms" }
-	l := openT(t, dsnOf(addrs))
-	conformance.Run(t, drivertest.RedlockFaultHarness(t, addrs, ms, l.Capabilities().MinTTL, func(addrs []string) (driver.Locker, error) { return Open(dsnOf(addrs)) }))
-}
-
-// TestConformanceCluster runs the suite, fault subtests included (see
-// drivertest.ClusterFaultHarness), on a Cluster of three masters.
-func TestConformanceCluster(t *testing.T) {
-	addrs, c := drivertest.ClusterFaultServers(t, 3)
-	conformance.Run(t, drivertest.ClusterFaultHarness(t, addrs, c, func(addrs []string) (driver.Locker, error) { return Open(urlOf(addrs...) + "?cluster=true") }))
-}
-
-// TestConformanceSentinel runs the suite, fault subtests included (see
-// drivertest.SentinelFaultHarness), on a master, a replica and a sentinel.
-func TestConformanceSentinel(t *testing.T) {
-	addr := drivertest.SentinelFaultServers(t)
-	conformance.Run(t, drivertest.SentinelFaultHarness(addr, func(addr string) (driver.Locker, error) {
-		l, err := Open(urlOf(addr) + "?sentinel_master=mymaster")
+	drivertest.ConformanceAdopted(t, func(addr string) (driver.Locker, error) {
+		cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, ForceSingleClient: true})
 		if err != nil {
 			return nil, err
 		}
-		return l, nil
-	}))
+		l, err := New(cl)
+		if err != nil {
+			cl.Close()
+			return nil, err
+		}
+		return drivertest.CloseToo(l.core, cl.Close), nil
+	})
 }
+
+// TestConformanceRedlock runs the suite, fault subtests included, on five
+// masters (drivertest.Driver.ConformanceRedlock). A node_timeout above the
+// default 100ms: under -race on a loaded 2-core host a node can miss
+// 100ms, and a missed quorum costs a retry and a clean-up on every node.
+func TestConformanceRedlock(t *testing.T) { drv.ConformanceRedlock(t, "node_timeout=250ms") }
+
+// TestConformanceCluster runs the suite, fault subtests included, on a
+// Cluster of three masters (drivertest.Driver.ConformanceCluster).
+func TestConformanceCluster(t *testing.T) { drv.ConformanceCluster(t) }
+
+// TestConformanceSentinel runs the suite, fault subtests included, on a
+// master, a replica and a sentinel (drivertest.Driver.ConformanceSentinel).
+func TestConformanceSentinel(t *testing.T) { drv.ConformanceSentinel(t) }
 
 // NewRedlock over adopted clients (pub/sub waits on every master).
 func TestConformanceAdoptedRedlock(t *testing.T) {
@@ -110,28 +78,17 @@ func TestConformanceAdoptedRedlock(t *testing.T) {
 				closeAll()
 				return nil, err
 			}
-			return &closeClients{l, closeAll}, nil
+			return drivertest.CloseToo(l.core, closeAll), nil
 		},
 	}
 	probe, err := h.Open(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	minTTL = probe.(*closeClients).Capabilities().MinTTL
+	minTTL = probe.(driver.Capable).Capabilities().MinTTL
 	probe.Close()
 	h.MinTTL = minTTL
 	conformance.Run(t, h)
-}
-
-type closeClients struct {
-	*Locker
-	closeAll func()
-}
-
-func (c *closeClients) Close() error {
-	err := c.Locker.Close()
-	c.closeAll()
-	return err
 }
 
 // TestCommandsPerOperation: as the go-redis driver's (drivertest.Commands).

@@ -12,6 +12,7 @@ import (
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/rediscore"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
 // Killing the server while a lock is held makes the holder's Lost fire (its
@@ -39,7 +40,7 @@ func TestKillRestartWhileHeld(t *testing.T) {
 	}
 	s.Restart()
 	var lk2 *locker.Lock
-	waitFor(t, 20*time.Second, "acquire after restart", func() bool {
+	drivertest.WaitFor(t, 20*time.Second, "acquire after restart", func() bool {
 		c, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		lk2, err = l.TryAcquire(c, "crash", locker.WithTTL(ttl))
@@ -125,7 +126,7 @@ func TestScriptReloadAfterFlush(t *testing.T) {
 }
 
 func keysOf(l *Locker, key string) (lock, counter, channel string) {
-	return keysFor(l.opts.Prefix, key)
+	return keysFor(rediscore.DefaultPrefix, key)
 }
 
 // Bad input: each case gets a clear error naming the cause, before or at
@@ -141,25 +142,7 @@ func TestOpenErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A port that accepts TCP but does not speak Redis (it answers HTTP).
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 512)
-				_, _ = c.Read(buf)
-				_, _ = c.Write([]byte("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"))
-			}()
-		}
-	}()
+	notRedis := drivertest.NotRedis(t)
 	// A port that accepts TCP and never answers.
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -190,7 +173,7 @@ func TestOpenErrors(t *testing.T) {
 		{"unreachable", urlOf("127.0.0.1:" + itoa(free)), "unreachable", false},
 		{"wrong password", "rueidis://:wrong@" + s.Addr, "authentication failed", false},
 		{"no password", "rueidis://" + s.Addr, "NOAUTH", false},
-		{"not redis", urlOf(ln.Addr().String()) + "?dial_timeout=2s", "not a Redis server", false},
+		{"not redis", urlOf(notRedis) + "?dial_timeout=2s", "not a Redis server", false},
 		{"silent port", urlOf(silent.Addr().String()) + "?dial_timeout=500ms", "not a Redis server", false},
 		{"replica", urlOf(sn.Replica.Addr), "is a replica", true},
 		{"cluster and sentinel", urlOf(s.Addr) + "?cluster=true&sentinel_master=m", "mutually exclusive", true},

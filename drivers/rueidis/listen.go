@@ -25,7 +25,7 @@ func newListener(client rueidis.Client) *listener {
 }
 
 // Listen implements rediscore.Listener: channel stays subscribed until
-// shut; msg gets every payload, and "" after a resubscription.
+// Shut; msg gets every payload, and "" after a resubscription.
 func (l *listener) Listen(ctx context.Context, channel string, msg func(payload string)) error {
 	rctx, stop := context.WithCancel(l.ctx)
 	settled := make(chan error, 1)
@@ -50,8 +50,8 @@ func (l *listener) Listen(ctx context.Context, channel string, msg func(payload 
 	}
 }
 
-// shut ends every subscription; the client is closed by its owner.
-func (l *listener) shut() {
+// Shut ends every subscription; the client is closed by its owner.
+func (l *listener) Shut() {
 	l.mu.Lock()
 	for _, stop := range l.stops {
 		stop()

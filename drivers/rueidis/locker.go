@@ -8,8 +8,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/redis/rueidis"
 
@@ -29,13 +27,7 @@ func init() { locker.Register(Scheme, Driver{}) }
 type Driver struct{}
 
 // Open implements driver.Driver; it is Open(dsn).
-func (Driver) Open(dsn string) (driver.Locker, error) {
-	l, err := Open(dsn)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
-}
+func (Driver) Open(dsn string) (driver.Locker, error) { return rediscore.Opened(Open(dsn)) }
 
 // Options are the driver options shared with drivers/redis (the same URL
 // parameters: prefix, node_timeout, drift_factor, max_key_len,
@@ -44,36 +36,82 @@ func (Driver) Open(dsn string) (driver.Locker, error) {
 // bytes, TokenRetention 10m.
 type Options = rediscore.Options
 
-// lockerCore is what rediscore.Node and rediscore.Redlock implement.
-type lockerCore interface {
-	driver.Locker
-	driver.Inspector
-	driver.Capable
-	driver.Pinger
-}
+// core is the Locker both Redis drivers share; the alias keeps the
+// embedded field unexported.
+type core = rediscore.Locker
 
 // Locker is a driver.Locker on Redis through rueidis: a single node, a
 // Cluster or a Sentinel-managed master (one round trip per call), or Redlock
-// over several independent masters. It also implements driver.Waiter,
-// driver.Inspector, driver.Capable and driver.Pinger. It is safe for
-// concurrent use.
+// over several independent masters. It is safe for concurrent use. Its
+// methods:
+//
+//   - Acquire(ctx, key, owner, ttl) (driver.Locker): one round trip (a
+//     script doing SET NX PX and minting the fencing token) on a single
+//     node, Cluster or Sentinel master; Redlock runs it on every master in
+//     parallel. When another owner holds key it returns a *driver.HeldError
+//     with the holder's remaining TTL. An empty or oversized key
+//     (max_key_len, default 4096 bytes), an empty owner or a non-positive
+//     ttl wrap driver.ErrInvalid; after Close, driver.ErrClosed; a done ctx,
+//     ctx.Err() wrapped.
+//   - Refresh(ctx, key, owner, ttl) (driver.Locker): one round trip
+//     (compare owner, then PEXPIRE). driver.ErrNotHeld if owner does not
+//     hold key; an expired lock is never revived.
+//   - Release(ctx, key, owner) (driver.Locker): one round trip (compare
+//     owner, DEL, PUBLISH). The DEL invalidates the key in every client
+//     tracking it, which wakes their waiters. driver.ErrNotHeld if owner
+//     does not hold key.
+//   - Inspect(ctx, key) (driver.Inspector): holder, token and remaining
+//     TTL; driver.ErrNotHeld if key is free.
+//   - Capabilities() (driver.Capable): MinTTL 10ms (Redlock: 3 ×
+//     node_timeout), millisecond granularity, tokens that survive a server
+//     restart (see the package documentation for the clock assumption).
+//   - Ping(ctx) (driver.Pinger): one round trip to every server (Redlock: a
+//     quorum must answer).
+//   - Subscribe(ctx, key) (driver.Waiter): every local subscriber of one
+//     key shares one server-side watch: a client-side-caching read of the
+//     lock key (clients from Open and NewWithClientOption), or a SUBSCRIBE
+//     to its channel (clients adopted with New). wake receives a value when
+//     the key is released, expires or is overwritten, and once after a lost
+//     connection. Errors: driver.ErrInvalid for a bad key, driver.ErrClosed
+//     after Close, ctx.Err() wrapped when ctx is done, or the server's error.
+//   - WatchHold(key, owner, token, lost) (driver.HoldWatcher), over
+//     client-side-caching invalidations (see the package documentation,
+//     "Watching a held lock"): lost is called when key is deleted, evicted,
+//     expires or is overwritten by another grant, never for the Locker's
+//     own refreshes and release. Supported on Lockers from Open (single
+//     server, Cluster, Sentinel) and NewWithClientOption; Redlock and
+//     adopted clients (New, NewRedlock) return an error, and their locks are
+//     watched by renewal alone. Errors: driver.ErrClosed after Close.
+//   - Close(): closes the clients the Locker owns (not an adopted one) and
+//     ends every subscription. Locks still held are left to expire. It is
+//     idempotent; later calls of the other methods return driver.ErrClosed.
+//
+// Every error starts with "rueidis: ".
 type Locker struct {
-	core   lockerCore
-	w      subscriber
-	lis    *listener            // the fair queue's wake channel; nil under Redlock
-	hold   *rediscore.HoldWatch // nil where hold watching is unsupported
-	opts   Options
-	closed chan struct{}
-	once   sync.Once
+	*core
+	w rediscore.Waiter // a *cscWaiter or a *pubsubWaiter
 }
 
-var (
-	_ driver.Locker    = (*Locker)(nil)
-	_ driver.Waiter    = (*Locker)(nil)
-	_ driver.Inspector = (*Locker)(nil)
-	_ driver.Capable   = (*Locker)(nil)
-	_ driver.Pinger    = (*Locker)(nil)
-)
+// Locker implements driver.Locker, Waiter, Inspector, Capable, Pinger and
+// HoldWatcher.
+var _ rediscore.Interfaces = (*Locker)(nil)
+
+// newLocker builds a Locker over conns (one deployment, or the masters of
+// a Redlock) waiting on w; hold, if not nil, watches holds.
+// One deployment gets a listener on its script client for the fair
+// queue's wake-ups.
+func newLocker(w rediscore.Waiter, hold *rediscore.HoldWatch, o Options, conns ...rediscore.Conn) *Locker {
+	cfg := rediscore.LockerConfig{
+		Name: Scheme, Conns: conns, Options: o, Waiter: w, Hold: hold,
+		HoldNeeds: "a Locker from Open (not Redlock) or NewWithClientOption",
+		// The waiter's re-arming reads fail at once on closed clients.
+		WaiterAfterConns: true,
+	}
+	if c, ok := conns[0].(*conn); ok && len(conns) == 1 {
+		cfg.Listener = newListener(c.client)
+	}
+	return &Locker{w: w, core: rediscore.NewLocker(cfg)}
+}
 
 // Open connects to the servers a rueidis:// URL names (see the package
 // documentation for the format) and returns a Locker that owns its clients.
@@ -95,7 +133,6 @@ func Open(dsn string) (*Locker, error) {
 	}
 	w := newCSCWaiter()
 	w.perNode = c.Options.NodeTimeout
-	l := &Locker{w: w, opts: c.Options, closed: make(chan struct{})}
 	var all []rueidis.Client
 	closeAll := func() {
 		for _, cl := range all {
@@ -125,8 +162,7 @@ func Open(dsn string) (*Locker, error) {
 	// The hook may run as soon as the watch client exists: the HoldWatch
 	// is in place before, and reads through the client once it is set.
 	var watchClient rueidis.Client
-	l.hold = newHoldWatch(func() rueidis.Client { return watchClient }, c.Options.Prefix)
-	w.hold = l.hold
+	w.hold = newHoldWatch(func() rueidis.Client { return watchClient }, c.Options.Prefix)
 	addr := strings.Join(c.Addrs, ",")
 	cmd, watch, err := pair(c.Addrs, addr)
 	if err != nil {
@@ -150,8 +186,7 @@ func Open(dsn string) (*Locker, error) {
 	w.clients = []rueidis.Client{watch}
 	w.piggyback = !c.Cluster
 	watchClient = watch
-	l.core, l.lis = queuedNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, cmd, c.Options)
-	return l, nil
+	return newLocker(w, w.hold, c.Options, &conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}), nil
 }
 
 // New returns a Locker on a client the caller already has (single node,
@@ -165,22 +200,13 @@ func Open(dsn string) (*Locker, error) {
 // prefix, limits and token retention; zero fields take their defaults.
 // Errors: a nil client or invalid options wrap driver.ErrInvalid.
 func New(client rueidis.Client, opts ...Options) (*Locker, error) {
-	o, err := oneOptions(opts)
+	clients := []rueidis.Client{client}
+	o, err := rediscore.Adopted(Scheme, false, clients, opts)
 	if err != nil {
 		return nil, err
 	}
-	if client == nil {
-		return nil, fmt.Errorf("rueidis: nil client: %w", driver.ErrInvalid)
-	}
 	addr := strings.Join(addrsOf(client), ",")
-	core, lis := queuedNode(&conn{client: client, addr: addr}, client, o)
-	return &Locker{
-		core:   core,
-		lis:    lis,
-		w:      newPubSubWaiter([]rueidis.Client{client}, o.NodeTimeout),
-		opts:   o,
-		closed: make(chan struct{}),
-	}, nil
+	return newLocker(newPubSubWaiter(clients, o.NodeTimeout), nil, o, &conn{client: client, addr: addr}), nil
 }
 
 // NewRedlock returns a Locker running Redlock over clients, one per
@@ -189,41 +215,15 @@ func New(client rueidis.Client, opts ...Options) (*Locker, error) {
 // Errors: fewer than 2 clients, a nil client, or invalid options wrap
 // driver.ErrInvalid.
 func NewRedlock(clients []rueidis.Client, opts ...Options) (*Locker, error) {
-	o, err := oneOptions(opts)
+	o, err := rediscore.Adopted(Scheme, true, clients, opts)
 	if err != nil {
 		return nil, err
 	}
-	if len(clients) < 2 {
-		return nil, fmt.Errorf("rueidis: Redlock needs at least 2 clients, got %d: %w", len(clients), driver.ErrInvalid)
-	}
 	conns := make([]rediscore.Conn, len(clients))
 	for i, c := range clients {
-		if c == nil {
-			return nil, fmt.Errorf("rueidis: client %d is nil: %w", i, driver.ErrInvalid)
-		}
 		conns[i] = &conn{client: c, addr: strings.Join(addrsOf(c), ",")}
 	}
-	return &Locker{
-		core:   rediscore.NewRedlock(conns, o),
-		w:      newPubSubWaiter(slices.Clone(clients), o.NodeTimeout),
-		opts:   o,
-		closed: make(chan struct{}),
-	}, nil
-}
-
-func oneOptions(opts []Options) (Options, error) {
-	var o Options
-	switch len(opts) {
-	case 0:
-	case 1:
-		o = opts[0]
-	default:
-		return o, fmt.Errorf("rueidis: at most one Options, got %d: %w", len(opts), driver.ErrInvalid)
-	}
-	if err := o.Validate(); err != nil {
-		return o, fmt.Errorf("rueidis: %w", err)
-	}
-	return o.WithDefaults(), nil
+	return newLocker(newPubSubWaiter(slices.Clone(clients), o.NodeTimeout), nil, o, conns...), nil
 }
 
 // NewWithClientOption builds two rueidis clients from opt, as Open does: one
@@ -235,7 +235,7 @@ func oneOptions(opts []Options) (Options, error) {
 // rueidis.NewClient (naming the cause), or driver.ErrInvalid for bad
 // options.
 func NewWithClientOption(opt rueidis.ClientOption, opts ...Options) (*Locker, error) {
-	o, err := oneOptions(opts)
+	o, err := rediscore.OneOptions(Scheme, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -268,24 +268,7 @@ func NewWithClientOption(opt rueidis.ClientOption, opts ...Options) (*Locker, er
 	w.piggyback = watch.Mode() != rueidis.ClientModeCluster
 	watchClient = watch
 	all := []rueidis.Client{cmd, watch}
-	core, lis := queuedNode(&conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}, cmd, o)
-	return &Locker{
-		core:   core,
-		lis:    lis,
-		w:      w,
-		hold:   w.hold,
-		opts:   o,
-		closed: make(chan struct{}),
-	}, nil
-}
-
-// queuedNode returns a Node over c whose fair queue is woken through a
-// listener on client.
-func queuedNode(c *conn, client rueidis.Client, o Options) (*rediscore.Node, *listener) {
-	n := rediscore.NewNode(c, o)
-	lis := newListener(client)
-	n.SetListener(lis)
-	return n, lis
+	return newLocker(w, w.hold, o, &conn{client: cmd, addr: addr, owned: all, watch: watch, w: w}), nil
 }
 
 func addrsOf(c rueidis.Client) []string {
@@ -365,25 +348,15 @@ func describe(err error) error {
 	return err
 }
 
-// checkMaster refuses a single-node (or Redlock) address that is a replica:
-// a lock taken there would be rejected (READONLY) or, with replica-read-only
-// off, invisible to the master. allow_replica=true turns the refusal off.
+// checkMaster refuses a single-node (or Redlock) address that is a replica
+// (rediscore.CheckMaster); allow_replica=true turns the check off.
 func checkMaster(cl rueidis.Client, addr string, c *config) error {
 	if c.AllowReplica {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout)
 	defer cancel()
-	arr, err := cl.Do(ctx, cl.B().Role().Build().Pin()).ToArray() // pinned: see doFunc
-	if err != nil {
-		return rediscore.MarkUnavailable(fmt.Errorf("rueidis: %s: ROLE: %w", addr, describe(err)))
-	}
-	if len(arr) > 0 {
-		if role, _ := arr[0].ToString(); role != "master" {
-			return fmt.Errorf("rueidis: %s is a replica (ROLE %s), not a master: locks written there are lost or refused; point the URL at the master, use sentinel_master, or set allow_replica=true: %w", addr, role, driver.ErrInvalid)
-		}
-	}
-	return nil
+	return rediscore.CheckMaster(ctx, Scheme, addr, false, doFunc(cl).Explain(describe))
 }
 
 // checkEviction refuses a deployment whose maxmemory-policy can evict lock
@@ -400,7 +373,7 @@ func checkEviction(cl rueidis.Client, addr string, c *config) error {
 		if c.SentinelMaster != "" {
 			addr = "sentinel master " + c.SentinelMaster
 		}
-		return rediscore.CheckEviction(ctx, "rueidis", addr, false, doFunc(cl))
+		return rediscore.CheckEviction(ctx, Scheme, addr, false, doFunc(cl))
 	}
 	nodes := cl.Nodes()
 	addrs := make([]string, 0, len(nodes))
@@ -409,112 +382,9 @@ func checkEviction(cl rueidis.Client, addr string, c *config) error {
 	}
 	slices.Sort(addrs)
 	for _, a := range addrs {
-		if err := rediscore.CheckEviction(ctx, "rueidis", a, false, doFunc(nodes[a])); err != nil {
+		if err := rediscore.CheckEviction(ctx, Scheme, a, false, doFunc(nodes[a])); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// Acquire implements driver.Locker: one round trip (a script doing SET NX PX
-// and minting the fencing token) on a single node, Cluster or Sentinel
-// master; Redlock runs it on every master in parallel. When another owner
-// holds key it returns a *driver.HeldError with the holder's remaining TTL.
-// An empty or oversized key, an empty owner or a non-positive ttl wrap
-// driver.ErrInvalid; after Close, driver.ErrClosed; a done ctx, ctx.Err().
-func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	return l.core.Acquire(ctx, key, owner, ttl)
-}
-
-// AcquireWait implements driver.BlockingAcquirer: it waits until key is
-// granted to owner. On a single node, Cluster or Sentinel the waiters
-// queue on the server and are granted in arrival order, each release
-// waking only the next one (see the package documentation, Fairness);
-// with fair=false, and under Redlock, every waiter is woken and the first
-// to retry wins. Errors as for Acquire, except that another owner holding
-// key is not one: ctx bounds the wait, and its end returns an error
-// wrapping ctx.Err() with nothing held or queued.
-func (l *Locker) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	sub := func(ctx context.Context) (<-chan struct{}, func(), error) { return l.Subscribe(ctx, key) }
-	if n, ok := l.core.(*rediscore.Node); ok {
-		return n.AcquireWait(ctx, key, owner, ttl, sub)
-	}
-	return rediscore.BargeWait(ctx, func(ctx context.Context) (uint64, error) { return l.Acquire(ctx, key, owner, ttl) }, sub)
-}
-
-// Refresh implements driver.Locker: one round trip (compare owner, then
-// PEXPIRE). It returns driver.ErrNotHeld if owner does not hold key; an
-// expired lock is never revived.
-func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	return l.core.Refresh(ctx, key, owner, ttl)
-}
-
-// Release implements driver.Locker: one round trip (compare owner, DEL,
-// PUBLISH). The DEL invalidates the key in every client tracking it, which
-// wakes their waiters. It returns driver.ErrNotHeld if owner does not hold
-// key.
-func (l *Locker) Release(ctx context.Context, key, owner string) error {
-	if l.hold == nil {
-		return l.core.Release(ctx, key, owner)
-	}
-	done := l.hold.Releasing(key, owner)
-	err := l.core.Release(ctx, key, owner)
-	done(err)
-	return err
-}
-
-// Inspect implements driver.Inspector; it returns driver.ErrNotHeld if key
-// is free.
-func (l *Locker) Inspect(ctx context.Context, key string) (driver.Info, error) {
-	return l.core.Inspect(ctx, key)
-}
-
-// Capabilities implements driver.Capable: MinTTL 10ms (Redlock: 3 ×
-// node_timeout), millisecond granularity, tokens that survive a server
-// restart (see the package documentation for the clock assumption).
-func (l *Locker) Capabilities() driver.Capabilities { return l.core.Capabilities() }
-
-// Ping implements driver.Pinger: one round trip to every server.
-func (l *Locker) Ping(ctx context.Context) error { return l.core.Ping(ctx) }
-
-// Subscribe implements driver.Waiter. Every local subscriber of one key
-// shares one server-side watch: a client-side-caching read of the lock key
-// (clients from Open and NewWithClientOption), or a SUBSCRIBE to its channel
-// (clients adopted with New). wake receives a value when the key is
-// released, expires or is overwritten, and once after a lost connection.
-// Errors: driver.ErrInvalid for a bad key, driver.ErrClosed after Close,
-// ctx.Err() when ctx is done, or the server's error.
-func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
-	select {
-	case <-l.closed:
-		return nil, nil, fmt.Errorf("rueidis: %w", driver.ErrClosed)
-	default:
-	}
-	if err := rediscore.CheckKey(key, l.opts.MaxKeyLen); err != nil {
-		return nil, nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, nil, fmt.Errorf("rueidis: subscribe: %w", err)
-	}
-	lock, _, channel := rediscore.Keys(l.opts.Prefix, key)
-	return l.w.Subscribe(ctx, lock, channel)
-}
-
-// Close closes the clients the Locker owns (not an adopted one) and ends
-// every subscription. Locks still held are left to expire. It is
-// idempotent; later calls of the other methods return driver.ErrClosed.
-func (l *Locker) Close() error {
-	var err error
-	l.once.Do(func() {
-		close(l.closed)
-		if l.hold != nil {
-			l.hold.Close()
-		}
-		if l.lis != nil {
-			l.lis.shut()
-		}
-		err = l.core.Close()
-		l.w.shut()
-	})
-	return err
 }

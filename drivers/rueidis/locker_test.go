@@ -36,18 +36,6 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
-	}
-}
-
 func TestBasics(t *testing.T) {
 	s := redistest.Start(t)
 	a, b := openT(t, urlOf(s.Addr)), openT(t, urlOf(s.Addr))

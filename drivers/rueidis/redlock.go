@@ -114,46 +114,27 @@ func (m *master) close() {
 	m.wg.Wait()
 }
 
-// fatal reports a connection error that retrying will not cure: a
-// rejected password, a replica, an evicting server, a bad setting.
-func fatal(err error) bool {
-	return errors.Is(err, errAuth) || errors.Is(err, driver.ErrInvalid) || errors.Is(err, rediscore.ErrEvictionPolicy)
-}
-
-// openRedlock connects to every master in parallel and needs a quorum.
+// openRedlock connects to every master in parallel and needs a quorum. A
+// rejected password, like a replica or an evicting server, fails Open:
+// retrying will not cure it.
 func openRedlock(c *config, w *cscWaiter) (*Locker, error) {
 	ms := make([]*master, len(c.Addrs))
-	errs := make([]error, len(c.Addrs))
-	var wg sync.WaitGroup
 	for i, a := range c.Addrs {
 		ms[i] = &master{addr: a, opt: c.clientOption([]string{a}, w), cfg: c}
-		wg.Go(func() { errs[i] = ms[i].connect() })
 	}
-	wg.Wait()
-	closeAll := func() {
+	authFailed := func(err error) bool { return errors.Is(err, errAuth) }
+	if err := rediscore.CheckQuorum(Scheme, len(ms), func(i int) error { return ms[i].connect() }, authFailed); err != nil {
 		for _, m := range ms {
 			m.close()
 		}
-	}
-	up := 0
-	for _, err := range errs {
-		if err == nil {
-			up++
-		} else if fatal(err) {
-			closeAll()
-			return nil, err
-		}
-	}
-	if q := len(ms)/2 + 1; up < q {
-		closeAll()
-		return nil, rediscore.AsUnavailable(fmt.Errorf("rueidis: Redlock: %d of %d masters answered, quorum %d: %w", up, len(ms), q, errors.Join(errs...)))
+		return nil, err
 	}
 	conns := make([]rediscore.Conn, len(ms))
 	for i, m := range ms {
 		conns[i] = &conn{addr: m.addr, m: m}
 	}
 	w.masters = ms
-	return &Locker{core: rediscore.NewRedlock(conns, c.Options), w: w, opts: c.Options, closed: make(chan struct{})}, nil
+	return newLocker(w, nil, c.Options, conns...), nil
 }
 
 // masterClients returns the clients of the connected masters.

@@ -9,6 +9,7 @@ import (
 	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
 // Redlock over five masters keeps working with two of them killed and fails
@@ -86,7 +87,7 @@ func TestRedlockOpenWithMastersDown(t *testing.T) {
 	ms[0].Restart()
 	ms[1].Restart()
 	lock, _, _ := keysOf(d, "down")
-	waitFor(t, 30*time.Second, "the restarted masters to take part", func() bool {
+	drivertest.WaitFor(t, 30*time.Second, "the restarted masters to take part", func() bool {
 		// Re-acquire (idempotent) until both restarted masters hold the key.
 		c, err := d.Acquire(ctx, "down", o, 5*time.Second)
 		if err != nil || c < tok {

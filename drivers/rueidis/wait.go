@@ -2,7 +2,6 @@ package rueidis
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/rediscore"
 )
 
@@ -46,11 +44,12 @@ const rearmTimeout = 5 * time.Second
 // needed; a subscriber that does not retry gets it after rearmGrace.
 const rearmGrace = 20 * time.Millisecond
 
-// subscriber is one of the two waiting strategies.
-type subscriber interface {
-	Subscribe(ctx context.Context, lock, channel string) (<-chan struct{}, func(), error)
-	shut()
-}
+// cscWaiter and pubsubWaiter are the two waiting strategies: each is the
+// Locker's rediscore.Waiter.
+var (
+	_ rediscore.Waiter = (*cscWaiter)(nil)
+	_ rediscore.Waiter = (*pubsubWaiter)(nil)
+)
 
 // cscWaiter waits on client-side-caching invalidations.
 type cscWaiter struct {
@@ -80,7 +79,7 @@ type watch struct {
 
 func newCSCWaiter() *cscWaiter {
 	w := &cscWaiter{keys: map[string]*watch{}}
-	w.hub = rediscore.NewHub(w.subscribe, w.unsubscribe)
+	w.hub = rediscore.NewHub(w.subscribe, w.unsubscribe).Named(Scheme)
 	return w
 }
 
@@ -320,26 +319,11 @@ func armOne(ctx context.Context, c rueidis.Client, lock string) (free bool, err 
 
 // Subscribe arms (or shares) the watch of lock.
 func (w *cscWaiter) Subscribe(ctx context.Context, lock, _ string) (<-chan struct{}, func(), error) {
-	return hubSubscribe(ctx, w.hub, lock)
+	return w.hub.Wait(ctx, lock)
 }
 
-func hubSubscribe(ctx context.Context, h *rediscore.Hub, channel string) (<-chan struct{}, func(), error) {
-	if err := ctx.Err(); err != nil {
-		return nil, nil, fmt.Errorf("rueidis: subscribe: %w", err)
-	}
-	wake := make(chan struct{}, 1)
-	cancel, err := h.Subscribe(ctx, channel, wake)
-	if err != nil {
-		if errors.Is(err, driver.ErrClosed) {
-			return nil, nil, fmt.Errorf("rueidis: %w", driver.ErrClosed)
-		}
-		return nil, nil, err
-	}
-	return wake, cancel, nil
-}
-
-// shut ends every watch; the clients are closed by the caller.
-func (w *cscWaiter) shut() {
+// Shut ends every watch; the clients are closed by the Conns, before.
+func (w *cscWaiter) Shut() {
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
@@ -364,13 +348,13 @@ type pubsubWaiter struct {
 
 func newPubSubWaiter(clients []rueidis.Client, perNode time.Duration) *pubsubWaiter {
 	w := &pubsubWaiter{clients: clients, perNode: perNode, subs: map[string]context.CancelFunc{}}
-	w.hub = rediscore.NewHub(w.subscribe, w.unsubscribe)
+	w.hub = rediscore.NewHub(w.subscribe, w.unsubscribe).Named(Scheme)
 	return w
 }
 
 // Subscribe subscribes to (or shares the subscription of) channel.
 func (w *pubsubWaiter) Subscribe(ctx context.Context, _, channel string) (<-chan struct{}, func(), error) {
-	return hubSubscribe(ctx, w.hub, channel)
+	return w.hub.Wait(ctx, channel)
 }
 
 // subscribe is the Hub's subscribe: start the channel's Receive loops and
@@ -493,8 +477,8 @@ func receive(ctx context.Context, client rueidis.Client, channel string, settled
 	}
 }
 
-// shut ends every subscription. The adopted clients stay open.
-func (w *pubsubWaiter) shut() {
+// Shut ends every subscription. The adopted clients stay open.
+func (w *pubsubWaiter) Shut() {
 	w.mu.Lock()
 	w.closed = true
 	for ch, cancel := range w.subs {

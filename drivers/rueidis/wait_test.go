@@ -14,6 +14,7 @@ import (
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/rediscore"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
 // cmdCalls returns the calls= count of INFO commandstats for cmd (e.g. "get").
@@ -124,7 +125,7 @@ func TestWaitSharedSubscription(t *testing.T) {
 	}
 	// Nobody retries here, so the watch re-arms with its own read after
 	// rearmGrace: one read for all n subscribers.
-	waitFor(t, 10*time.Second, "re-arm", func() bool { return trackedByCache(b, "shared") })
+	drivertest.WaitFor(t, 10*time.Second, "re-arm", func() bool { return trackedByCache(b, "shared") })
 	if got := cmdCalls(t, s, "echo") - before; got != 1 {
 		t.Errorf("one release caused %d tracking reads from %d subscribers, want 1", got, n)
 	}
@@ -137,7 +138,7 @@ func TestWaitSharedSubscription(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectWake(t, wakes[0], 10*time.Second, "re-acquire (overwrite)")
-	waitFor(t, 10*time.Second, "re-arm", func() bool { return trackedByCache(b, "shared") })
+	drivertest.WaitFor(t, 10*time.Second, "re-arm", func() bool { return trackedByCache(b, "shared") })
 	drain(wakes[0])
 	if err := a.Release(ctx, "shared", ob); err != nil {
 		t.Fatal(err)
@@ -202,7 +203,7 @@ func TestWaitSameLocker(t *testing.T) {
 	}
 	expectWake(t, wake, 10*time.Second, "acquire (the key changed)")
 	// Re-armed asynchronously; wait until the server tracks the key again.
-	waitFor(t, 10*time.Second, "tracking", func() bool { return trackedByCache(a, "self") })
+	drivertest.WaitFor(t, 10*time.Second, "tracking", func() bool { return trackedByCache(a, "self") })
 	drain(wake)
 	if err := a.Release(ctx, "self", o); err != nil {
 		t.Fatal(err)
@@ -213,7 +214,7 @@ func TestWaitSameLocker(t *testing.T) {
 // trackedByCache reports whether the Locker's watch of key is armed, i.e.
 // the server tracks the key for it.
 func trackedByCache(l *Locker, key string) bool {
-	lock, _, _ := rediscore.Keys(l.opts.Prefix, key)
+	lock, _, _ := rediscore.Keys(rediscore.DefaultPrefix, key)
 	w := l.w.(*cscWaiter)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -250,7 +251,7 @@ func TestWaitConnectionLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectWake(t, wake, 10*time.Second, "connection loss")
-	waitFor(t, 10*time.Second, "re-arm after reconnect", func() bool { return trackedByCache(b, "loss") })
+	drivertest.WaitFor(t, 10*time.Second, "re-arm after reconnect", func() bool { return trackedByCache(b, "loss") })
 	drain(wake)
 	if err := a.Release(ctx, "loss", o); err != nil {
 		t.Fatal(err)
@@ -309,7 +310,7 @@ func TestWaitAdoptedPubSub(t *testing.T) {
 		c()
 		c()
 	}
-	waitFor(t, 10*time.Second, "UNSUBSCRIBE", func() bool { return numsub() == 0 })
+	drivertest.WaitFor(t, 10*time.Second, "UNSUBSCRIBE", func() bool { return numsub() == 0 })
 	// The adopted client is still usable after Close.
 	if err := b.Close(); err != nil {
 		t.Fatal(err)

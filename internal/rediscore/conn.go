@@ -28,15 +28,15 @@ type Conn interface {
 // ctxErr returns an error wrapping ctx.Err() when ctx is done, so callers
 // see errors.Is(err, context.Canceled/DeadlineExceeded) even when the client
 // reported the cancellation in its own words.
-func ctxErr(ctx context.Context, op string, err error) error {
+func (p prefix) ctxErr(ctx context.Context, op string, err error) error {
 	SettleDeadline(ctx, err)
 	if cerr := ctx.Err(); cerr != nil {
 		if err == nil || err == cerr {
-			return fmt.Errorf("redis: %s: %w", op, cerr)
+			return p.errorf("%s: %w", op, cerr)
 		}
-		return fmt.Errorf("redis: %s: %w (%v)", op, cerr, err)
+		return p.errorf("%s: %w (%v)", op, cerr, err)
 	}
-	return fmt.Errorf("redis: %s: %w", op, err)
+	return p.errorf("%s: %w", op, err)
 }
 
 // SettleDeadline waits, when a call failed within 10ms of ctx's deadline,
@@ -54,21 +54,21 @@ func SettleDeadline(ctx context.Context, err error) {
 }
 
 // parseToken converts a token reply (bulk string or integer) to uint64.
-func parseToken(v any) (uint64, error) {
+func (p prefix) parseToken(v any) (uint64, error) {
 	switch x := v.(type) {
 	case string:
 		n, err := strconv.ParseUint(x, 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("redis: malformed token %q", x)
+			return 0, p.errorf("malformed token %q", x)
 		}
 		return n, nil
 	case int64:
 		if x < 0 {
-			return 0, fmt.Errorf("redis: malformed token %d", x)
+			return 0, p.errorf("malformed token %d", x)
 		}
 		return uint64(x), nil
 	}
-	return 0, fmt.Errorf("redis: unexpected token reply %T", v)
+	return 0, p.errorf("unexpected token reply %T", v)
 }
 
 func asInt(v any) (int64, bool) {

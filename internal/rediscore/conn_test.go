@@ -39,12 +39,12 @@ func newTestConn(t *testing.T, addr string) testConn {
 
 func TestParseToken(t *testing.T) {
 	for v, want := range map[any]uint64{"1795969608844105": 1795969608844105, int64(7): 7} {
-		if got, err := parseToken(v); err != nil || got != want {
+		if got, err := prefix("redis").parseToken(v); err != nil || got != want {
 			t.Errorf("parseToken(%v) = %d, %v", v, got, err)
 		}
 	}
 	for _, v := range []any{"x", int64(-1), nil, []any{}} {
-		if _, err := parseToken(v); err == nil {
+		if _, err := prefix("redis").parseToken(v); err == nil {
 			t.Errorf("parseToken(%v) succeeded", v)
 		}
 	}
@@ -53,7 +53,7 @@ func TestParseToken(t *testing.T) {
 func TestCtxErr(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := ctxErr(ctx, "acquire", errors.New("i/o"))
+	err := prefix("redis").ctxErr(ctx, "acquire", errors.New("i/o"))
 	if !errors.Is(err, context.Canceled) || !strings.HasPrefix(err.Error(), "redis: acquire") {
 		t.Fatal(err)
 	}

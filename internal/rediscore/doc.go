@@ -1,8 +1,11 @@
 // Package rediscore is the Redis locking logic shared by drivers/redis
 // (go-redis) and drivers/rueidis: the Lua scripts, key naming, the
 // single-deployment Node, the Redlock quorum logic, a subscription Hub and
-// the URL format both drivers parse (ParseURL, Options). Each driver
-// implements Conn for its client and is otherwise a thin adapter.
+// the URL format both drivers parse (ParseURL, Options), and Locker, the
+// complete driver.Locker both drivers' Lockers embed. Each driver
+// implements Conn for its client and a Waiter (and, where it can, feeds a
+// HoldWatch), and is otherwise a thin adapter: URL to client. Every error
+// of a Locker starts with its driver's name ("redis: ", "rueidis: ").
 //
 // # Keys and values
 //

@@ -3,7 +3,6 @@ package rediscore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -41,6 +40,7 @@ const holdRetryMax = 200 * time.Millisecond
 // message, Reset when the tracking connection was lost or re-established
 // (every watched key is then re-read).
 type HoldWatch struct {
+	p      prefix // starts its errors: "redis" unless set by NewLocker
 	read   HoldReader
 	prefix string
 
@@ -66,7 +66,7 @@ type holdEntry struct {
 // NewHoldWatch returns a HoldWatch reading with read; prefix is the key
 // prefix (Options.Prefix).
 func NewHoldWatch(read HoldReader, prefix string) *HoldWatch {
-	return &HoldWatch{read: read, prefix: prefix, keys: map[string]*holdKey{}}
+	return &HoldWatch{p: "redis", read: read, prefix: prefix, keys: map[string]*holdKey{}}
 }
 
 // Watch implements driver.HoldWatcher.WatchHold: it starts watching key's
@@ -79,7 +79,7 @@ func (h *HoldWatch) Watch(key, owner string, token uint64, lost func(error)) (st
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return nil, fmt.Errorf("redis: %w", driver.ErrClosed)
+		return nil, h.p.errorf("%w", driver.ErrClosed)
 	}
 	k := h.keys[lock]
 	if k == nil {
@@ -253,7 +253,7 @@ func (h *HoldWatch) check(lock string, k *holdKey, v string, exists bool) {
 		if exists {
 			why = "overwritten by another grant"
 		}
-		err := fmt.Errorf("redis: lock %q %s on the server: %w", e.key, why, driver.ErrNotHeld)
+		err := h.p.errorf("lock %q %s on the server: %w", e.key, why, driver.ErrNotHeld)
 		e.once.Do(func() { e.lost(err) })
 	}
 }

@@ -21,6 +21,7 @@ import (
 // when a message (or an invalidation) arrives for a channel, and WakeAll
 // after a lost connection has been re-established.
 type Hub struct {
+	p           prefix // starts its errors; "redis" unless Named
 	subscribe   func(ctx context.Context, channel string) error
 	unsubscribe func(channel string)
 
@@ -39,7 +40,14 @@ type hubSub struct{ wake chan<- struct{} }
 
 // NewHub returns a Hub over the adapter's subscribe and unsubscribe.
 func NewHub(subscribe func(ctx context.Context, channel string) error, unsubscribe func(channel string)) *Hub {
-	return &Hub{subscribe: subscribe, unsubscribe: unsubscribe, chans: map[string]*hubEntry{}}
+	return &Hub{p: "redis", subscribe: subscribe, unsubscribe: unsubscribe, chans: map[string]*hubEntry{}}
+}
+
+// Named sets the driver name the Hub's errors start with ("redis" by
+// default) and returns h. Call it before the first Subscribe.
+func (h *Hub) Named(name string) *Hub {
+	h.p = prefix(name)
+	return h
 }
 
 // Subscribe registers wake (which should be buffered: sends never block and
@@ -51,7 +59,7 @@ func (h *Hub) Subscribe(ctx context.Context, channel string, wake chan<- struct{
 	// A done ctx fails even when the channel is already subscribed (a
 	// select below would otherwise pick the ready channel half the time).
 	if err := ctx.Err(); err != nil {
-		return nil, ctxErr(ctx, "subscribe", err)
+		return nil, h.p.ctxErr(ctx, "subscribe", err)
 	}
 	s := &hubSub{wake: wake}
 	for {
@@ -89,12 +97,12 @@ func (h *Hub) Subscribe(ctx context.Context, channel string, wake chan<- struct{
 			case <-e.ready:
 			case <-ctx.Done():
 				h.remove(channel, e, s)
-				return nil, ctxErr(ctx, "subscribe", ctx.Err())
+				return nil, h.p.ctxErr(ctx, "subscribe", ctx.Err())
 			}
 			if e.err != nil {
 				// The first subscriber failed (maybe only its ctx ended): try again.
 				if err := ctx.Err(); err != nil {
-					return nil, ctxErr(ctx, "subscribe", err)
+					return nil, h.p.ctxErr(ctx, "subscribe", err)
 				}
 				continue
 			}
@@ -102,6 +110,17 @@ func (h *Hub) Subscribe(ctx context.Context, channel string, wake chan<- struct{
 		var once sync.Once
 		return func() { once.Do(func() { h.remove(channel, e, s) }) }, nil
 	}
+}
+
+// Wait is Subscribe with a wake channel of its own (buffered 1), in the
+// shape of Waiter.Subscribe.
+func (h *Hub) Wait(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+	wake := make(chan struct{}, 1)
+	cancel, err := h.Subscribe(ctx, channel, wake)
+	if err != nil {
+		return nil, nil, err
+	}
+	return wake, cancel, nil
 }
 
 func (h *Hub) remove(channel string, e *hubEntry, s *hubSub) {

@@ -2,7 +2,6 @@ package rediscore
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -19,6 +18,7 @@ const MinTTL = 10 * time.Millisecond
 // driver.Pinger on one Conn (a single node, a Cluster or a Sentinel-managed
 // master): one script, one round trip per call.
 type Node struct {
+	p      prefix // starts every error
 	c      Conn
 	o      Options
 	closed atomic.Bool
@@ -42,7 +42,7 @@ type Node struct {
 // not validated (call Options.Validate or ParseOptions first). Close closes c.
 func NewNode(c Conn, o Options) *Node {
 	o = o.WithDefaults()
-	return &Node{c: c, o: o, done: make(chan struct{}), wid: newWID(),
+	return &Node{p: "redis", c: c, o: o, done: make(chan struct{}), wid: newWID(),
 		retMS: strconv.FormatInt(o.TokenRetention.Milliseconds(), 10)}
 }
 
@@ -56,57 +56,59 @@ func (n *Node) Capabilities() driver.Capabilities {
 }
 
 // CheckKey returns an error wrapping driver.ErrInvalid if key is empty or
-// longer than max bytes.
-func CheckKey(key string, max int) error {
+// longer than max bytes. Its errors start with "redis: ".
+func CheckKey(key string, max int) error { return prefix("redis").checkKey(key, max) }
+
+func (p prefix) checkKey(key string, max int) error {
 	if key == "" {
-		return fmt.Errorf("redis: empty key: %w", driver.ErrInvalid)
+		return p.errorf("empty key: %w", driver.ErrInvalid)
 	}
 	if len(key) > max {
-		return fmt.Errorf("redis: key of %d bytes exceeds max_key_len %d: %w", len(key), max, driver.ErrInvalid)
+		return p.errorf("key of %d bytes exceeds max_key_len %d: %w", len(key), max, driver.ErrInvalid)
 	}
 	return nil
 }
 
-func checkOwner(owner string) error {
+func (p prefix) checkOwner(owner string) error {
 	if owner == "" {
-		return fmt.Errorf("redis: empty owner: %w", driver.ErrInvalid)
+		return p.errorf("empty owner: %w", driver.ErrInvalid)
 	}
 	return nil
 }
 
-func checkTTL(ttl time.Duration) error {
+func (p prefix) checkTTL(ttl time.Duration) error {
 	if ttl <= 0 {
-		return fmt.Errorf("redis: ttl %v must be positive: %w", ttl, driver.ErrInvalid)
+		return p.errorf("ttl %v must be positive: %w", ttl, driver.ErrInvalid)
 	}
 	return nil
 }
 
 func (n *Node) check(ctx context.Context, key, owner string, ttl time.Duration, needTTL, needOwner bool) error {
-	return checkCall(ctx, n.closed.Load(), n.o.MaxKeyLen, key, owner, ttl, needTTL, needOwner)
+	return n.p.checkCall(ctx, n.closed.Load(), n.o.MaxKeyLen, key, owner, ttl, needTTL, needOwner)
 }
 
 // checkCall validates one call's arguments, for Node and Redlock alike:
 // ErrClosed, then the key, the owner and the ttl (driver.ErrInvalid), then
 // ctx.
-func checkCall(ctx context.Context, closed bool, maxKeyLen int, key, owner string, ttl time.Duration, needTTL, needOwner bool) error {
+func (p prefix) checkCall(ctx context.Context, closed bool, maxKeyLen int, key, owner string, ttl time.Duration, needTTL, needOwner bool) error {
 	if closed {
-		return fmt.Errorf("redis: %w", driver.ErrClosed)
+		return p.errorf("%w", driver.ErrClosed)
 	}
-	if err := CheckKey(key, maxKeyLen); err != nil {
+	if err := p.checkKey(key, maxKeyLen); err != nil {
 		return err
 	}
 	if needOwner {
-		if err := checkOwner(owner); err != nil {
+		if err := p.checkOwner(owner); err != nil {
 			return err
 		}
 	}
 	if needTTL {
-		if err := checkTTL(ttl); err != nil {
+		if err := p.checkTTL(ttl); err != nil {
 			return err
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("redis: %w", err)
+		return p.errorf("%w", err)
 	}
 	return nil
 }
@@ -159,7 +161,7 @@ func (n *Node) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 		case <-ctx.Done():
 			go func() {
 				x := <-rc
-				g := parseGrant(x.v, x.err)
+				g := n.p.parseGrant(x.v, x.err)
 				if g.kind == grantCreated {
 					n.cleanup(lock, ch, owner, g.token)
 				}
@@ -167,13 +169,13 @@ func (n *Node) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 					n.abandoned(g)
 				}
 			}()
-			return 0, fmt.Errorf("redis: acquire: %w", ctx.Err())
+			return 0, n.p.errorf("acquire: %w", ctx.Err())
 		}
 	}
 	if err != nil {
-		return 0, ctxErr(ctx, "acquire", err)
+		return 0, n.p.ctxErr(ctx, "acquire", err)
 	}
-	g := parseGrant(r, nil)
+	g := n.p.parseGrant(r, nil)
 	switch g.kind {
 	case grantHeld:
 		return 0, &driver.HeldError{Remaining: g.pttl}
@@ -203,7 +205,7 @@ type grant struct {
 
 // parseGrant parses an AcquireScript reply (see its doc) or the call's
 // error.
-func parseGrant(v any, err error) grant {
+func (p prefix) parseGrant(v any, err error) grant {
 	if err != nil {
 		return grant{err: err}
 	}
@@ -211,21 +213,21 @@ func parseGrant(v any, err error) grant {
 	case int64:
 		return grant{kind: grantHeld, pttl: time.Duration(x) * time.Millisecond}
 	case string:
-		t, err := parseToken(x)
+		t, err := p.parseToken(x)
 		if err != nil {
 			return grant{err: err}
 		}
 		return grant{kind: grantCreated, token: t}
 	case []any:
 		if len(x) == 1 {
-			t, err := parseToken(x[0])
+			t, err := p.parseToken(x[0])
 			if err != nil {
 				return grant{err: err}
 			}
 			return grant{kind: grantExisting, token: t}
 		}
 	}
-	return grant{err: fmt.Errorf("redis: acquire: unexpected reply %v", v)}
+	return grant{err: p.errorf("acquire: unexpected reply %v", v)}
 }
 
 // detachedTimeout bounds a call that outlives its caller's ctx.
@@ -278,10 +280,10 @@ func (n *Node) Refresh(ctx context.Context, key, owner string, ttl time.Duration
 	lock, _, _ := Keys(n.o.Prefix, key)
 	r, err := n.run(ctx, RefreshScript, []string{lock}, owner, ttlMS(n.Capabilities(), ttl))
 	if err != nil {
-		return ctxErr(ctx, "refresh", err)
+		return n.p.ctxErr(ctx, "refresh", err)
 	}
 	if v, _ := asInt(r); v != 1 {
-		return fmt.Errorf("redis: refresh: %w", driver.ErrNotHeld)
+		return n.p.errorf("refresh: %w", driver.ErrNotHeld)
 	}
 	return nil
 }
@@ -296,10 +298,10 @@ func (n *Node) Release(ctx context.Context, key, owner string) error {
 	ql, qz := QueueKeys(lock)
 	r, err := n.run(ctx, ReleaseScript, []string{lock, ql, qz}, owner, ch, WakeChannel(n.o.Prefix, ""))
 	if err != nil {
-		return ctxErr(ctx, "release", err)
+		return n.p.ctxErr(ctx, "release", err)
 	}
 	if v, _ := asInt(r); v != 1 {
-		return fmt.Errorf("redis: release: %w", driver.ErrNotHeld)
+		return n.p.errorf("release: %w", driver.ErrNotHeld)
 	}
 	return nil
 }
@@ -313,27 +315,27 @@ func (n *Node) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	lock, _, _ := Keys(n.o.Prefix, key)
 	r, err := n.run(ctx, InspectScript, []string{lock})
 	if err != nil {
-		return driver.Info{}, ctxErr(ctx, "inspect", err)
+		return driver.Info{}, n.p.ctxErr(ctx, "inspect", err)
 	}
-	return parseInfo(r)
+	return n.p.parseInfo(r)
 }
 
-func parseInfo(r any) (driver.Info, error) {
+func (p prefix) parseInfo(r any) (driver.Info, error) {
 	if r == nil {
-		return driver.Info{}, fmt.Errorf("redis: inspect: %w", driver.ErrNotHeld)
+		return driver.Info{}, p.errorf("inspect: %w", driver.ErrNotHeld)
 	}
 	a, ok := r.([]any)
 	if !ok || len(a) != 3 {
-		return driver.Info{}, fmt.Errorf("redis: inspect: unexpected reply %v", r)
+		return driver.Info{}, p.errorf("inspect: unexpected reply %v", r)
 	}
 	owner, _ := a[0].(string)
-	tok, err := parseToken(a[1])
+	tok, err := p.parseToken(a[1])
 	if err != nil {
 		return driver.Info{}, err
 	}
 	pttl, _ := asInt(a[2])
 	if pttl == -2 {
-		return driver.Info{}, fmt.Errorf("redis: inspect: %w", driver.ErrNotHeld)
+		return driver.Info{}, p.errorf("inspect: %w", driver.ErrNotHeld)
 	}
 	return driver.Info{Owner: owner, Token: tok, Remaining: time.Duration(pttl) * time.Millisecond}, nil
 }
@@ -341,10 +343,10 @@ func parseInfo(r any) (driver.Info, error) {
 // Ping implements driver.Pinger.
 func (n *Node) Ping(ctx context.Context) error {
 	if n.closed.Load() {
-		return fmt.Errorf("redis: %w", driver.ErrClosed)
+		return n.p.errorf("%w", driver.ErrClosed)
 	}
 	if _, err := n.run(ctx, nil, nil); err != nil {
-		return ctxErr(ctx, "ping", err)
+		return n.p.ctxErr(ctx, "ping", err)
 	}
 	return nil
 }

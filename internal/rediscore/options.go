@@ -84,21 +84,24 @@ func (o Options) WithDefaults() Options {
 
 // Validate reports an error wrapping driver.ErrInvalid if a field is out of
 // range: a prefix with braces, a negative duration, a drift factor outside
-// [0, 0.5), a negative key length.
-func (o Options) Validate() error {
+// [0, 0.5), a negative key length. Its errors start with "redis: ".
+func (o Options) Validate() error { return o.validate("redis") }
+
+// validate is Validate with errors starting with name.
+func (o Options) validate(name prefix) error {
 	switch {
 	case strings.ContainsAny(o.Prefix, "{}"):
-		return fmt.Errorf("redis: prefix %q must not contain '{' or '}' (they would break the Cluster hash tag): %w", o.Prefix, driver.ErrInvalid)
+		return name.errorf("prefix %q must not contain '{' or '}' (they would break the Cluster hash tag): %w", o.Prefix, driver.ErrInvalid)
 	case o.NodeTimeout < 0:
-		return fmt.Errorf("redis: node_timeout %v must be positive: %w", o.NodeTimeout, driver.ErrInvalid)
+		return name.errorf("node_timeout %v must be positive: %w", o.NodeTimeout, driver.ErrInvalid)
 	case o.DriftFactor < 0 || o.DriftFactor >= 0.5:
-		return fmt.Errorf("redis: drift_factor %v must be in [0, 0.5): %w", o.DriftFactor, driver.ErrInvalid)
+		return name.errorf("drift_factor %v must be in [0, 0.5): %w", o.DriftFactor, driver.ErrInvalid)
 	case o.MaxKeyLen < 0:
-		return fmt.Errorf("redis: max_key_len %d must be positive: %w", o.MaxKeyLen, driver.ErrInvalid)
+		return name.errorf("max_key_len %d must be positive: %w", o.MaxKeyLen, driver.ErrInvalid)
 	case o.TokenRetention < 0:
-		return fmt.Errorf("redis: token_retention %v must be positive: %w", o.TokenRetention, driver.ErrInvalid)
+		return name.errorf("token_retention %v must be positive: %w", o.TokenRetention, driver.ErrInvalid)
 	case o.QueueTTL < 0 || (o.QueueTTL > 0 && o.QueueTTL < MinQueueTTL):
-		return fmt.Errorf("redis: queue_ttl %v must be at least %v: %w", o.QueueTTL, MinQueueTTL, driver.ErrInvalid)
+		return name.errorf("queue_ttl %v must be at least %v: %w", o.QueueTTL, MinQueueTTL, driver.ErrInvalid)
 	}
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	mrand "math/rand/v2"
 	"strconv"
 	"sync"
@@ -265,7 +264,7 @@ const (
 
 // AcquireWait implements driver.BlockingAcquirer: it waits until key is
 // granted to owner, queued on the server in arrival order (see the fair
-// queue above) when Queued, else barging (see BargeWait, with subscribe
+// queue above) when Queued, else barging (see bargeWait, with subscribe
 // for wake-ups). The uncontended path is one round trip. ctx bounds the
 // wait; when it ends the call returns an error wrapping ctx.Err() (and the
 // last transient error, if any) and, in the background, leaves the queue
@@ -275,7 +274,7 @@ const (
 // driver.ErrClosed after Close.
 func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration, subscribe func(context.Context) (<-chan struct{}, func(), error)) (uint64, error) {
 	if !n.Queued() {
-		return BargeWait(ctx, func(ctx context.Context) (uint64, error) { return n.Acquire(ctx, key, owner, ttl) }, subscribe)
+		return n.p.bargeWait(ctx, func(ctx context.Context) (uint64, error) { return n.Acquire(ctx, key, owner, ttl) }, subscribe)
 	}
 	if err := n.check(ctx, key, owner, ttl, true, true); err != nil {
 		return 0, err
@@ -303,9 +302,9 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 		drain(wake)
 		v, err, abandoned := n.runDetached(ctx, QueueAcquireScript, keys, args, leave)
 		if abandoned {
-			return 0, waitErr(ctx, "acquire", lastErr)
+			return 0, n.p.waitErr(ctx, "acquire", lastErr)
 		}
-		g := parseGrant(v, err)
+		g := n.p.parseGrant(v, err)
 		var wait time.Duration
 		switch g.kind {
 		case grantCreated, grantExisting:
@@ -317,7 +316,7 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 					continue // a wake-up sent before the subscription was missed: look again
 				} else if ctx.Err() != nil {
 					n.background(func() { leave(grant{}) })
-					return 0, waitErr(ctx, "acquire", lastErr)
+					return 0, n.p.waitErr(ctx, "acquire", lastErr)
 				}
 				// No wake channel: look again at the heartbeat.
 			}
@@ -328,7 +327,7 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 		default:
 			if first || errors.Is(g.err, driver.ErrInvalid) || errors.Is(g.err, driver.ErrClosed) || n.closed.Load() {
 				n.background(func() { leave(grant{}) })
-				return 0, ctxErr(ctx, "acquire", g.err)
+				return 0, n.p.ctxErr(ctx, "acquire", g.err)
 			}
 			lastErr = g.err
 			wait = jitter(retry)
@@ -341,10 +340,10 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 		case <-ctx.Done():
 			t.Stop()
 			n.background(func() { leave(grant{}) })
-			return 0, waitErr(ctx, "acquire", lastErr)
+			return 0, n.p.waitErr(ctx, "acquire", lastErr)
 		case <-n.done:
 			t.Stop()
-			return 0, fmt.Errorf("redis: acquire: %w", driver.ErrClosed)
+			return 0, n.p.errorf("acquire: %w", driver.ErrClosed)
 		}
 		t.Stop()
 	}
@@ -376,7 +375,7 @@ func (n *Node) runDetached(ctx context.Context, s *Script, keys, args []string, 
 	case <-ctx.Done():
 		n.background(func() {
 			x := <-rc
-			onAbandon(parseGrant(x.v, x.err))
+			onAbandon(n.p.parseGrant(x.v, x.err))
 		})
 		return nil, nil, true
 	}
@@ -392,19 +391,19 @@ func (n *Node) background(f func()) {
 }
 
 // waitErr is the error of a wait that ctx ended.
-func waitErr(ctx context.Context, op string, last error) error {
+func (p prefix) waitErr(ctx context.Context, op string, last error) error {
 	if last != nil {
-		return fmt.Errorf("redis: %s: %w (while waiting, last error: %w)", op, ctx.Err(), last)
+		return p.errorf("%s: %w (while waiting, last error: %w)", op, ctx.Err(), last)
 	}
-	return fmt.Errorf("redis: %s: %w", op, ctx.Err())
+	return p.errorf("%s: %w", op, ctx.Err())
 }
 
-// BargeWait waits for a grant without a queue: it calls acquire, and while
+// bargeWait waits for a grant without a queue: it calls acquire, and while
 // another owner holds the key waits for a wake-up from subscribe (started
 // after the first refusal; nil means none) or the holder's reported PTTL,
 // capped at 2s, then tries again; the fastest waiter wins, as with
-// sync.Mutex. Errors as for Node.AcquireWait.
-func BargeWait(ctx context.Context, acquire func(context.Context) (uint64, error), subscribe func(context.Context) (<-chan struct{}, func(), error)) (uint64, error) {
+// sync.Mutex. Errors as for Node.AcquireWait; they start with p.
+func (p prefix) bargeWait(ctx context.Context, acquire func(context.Context) (uint64, error), subscribe func(context.Context) (<-chan struct{}, func(), error)) (uint64, error) {
 	var (
 		wake    <-chan struct{}
 		lastErr error
@@ -429,7 +428,7 @@ func BargeWait(ctx context.Context, acquire func(context.Context) (uint64, error
 					continue // a release before the subscription was missed: look again
 				}
 				if ctx.Err() != nil {
-					return 0, waitErr(ctx, "acquire", lastErr)
+					return 0, p.waitErr(ctx, "acquire", lastErr)
 				}
 			}
 			if held.Remaining > 0 && held.Remaining+expirySlack < wait {
@@ -450,7 +449,7 @@ func BargeWait(ctx context.Context, acquire func(context.Context) (uint64, error
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return 0, waitErr(ctx, "acquire", lastErr)
+			return 0, p.waitErr(ctx, "acquire", lastErr)
 		}
 		t.Stop()
 	}

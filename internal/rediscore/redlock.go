@@ -45,6 +45,7 @@ import (
 // quorum still holds the lock; if the lock lapsed on some node meanwhile,
 // the re-acquire returns a larger token (still a valid fencing token).
 type Redlock struct {
+	p      prefix // starts every error
 	conns  []Conn
 	o      Options
 	q      int
@@ -61,7 +62,7 @@ type Redlock struct {
 // Zero fields of o take their defaults. Close closes every Conn.
 func NewRedlock(conns []Conn, o Options) *Redlock {
 	o = o.WithDefaults()
-	return &Redlock{conns: conns, o: o, q: len(conns)/2 + 1,
+	return &Redlock{p: "redis", conns: conns, o: o, q: len(conns)/2 + 1,
 		retMS: strconv.FormatInt(o.TokenRetention.Milliseconds(), 10)}
 }
 
@@ -144,7 +145,7 @@ func (r *Redlock) eachExcept(ctx context.Context, skip int, s *Script, keys []st
 var errNoAnswer = errors.New("no answer")
 
 func (r *Redlock) check(ctx context.Context, key, owner string, ttl time.Duration, needTTL, needOwner bool) error {
-	return checkCall(ctx, r.closed.Load(), r.o.MaxKeyLen, key, owner, ttl, needTTL, needOwner)
+	return r.p.checkCall(ctx, r.closed.Load(), r.o.MaxKeyLen, key, owner, ttl, needTTL, needOwner)
 }
 
 func firstErr(res []result) error {
@@ -183,9 +184,9 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 	res := make([]result, n)
 	if finish := r.acquireRound(ctx, []int{gate}, res, keys, owner, ms, r.retMS); finish != nil {
 		go r.abandon(ctx, finish, res, lock, ch, owner)
-		return 0, fmt.Errorf("redis: redlock acquire: %w", ctx.Err())
+		return 0, r.p.errorf("redlock acquire: %w", ctx.Err())
 	}
-	grants[gate] = parseGrant(res[gate].v, res[gate].err)
+	grants[gate] = r.p.parseGrant(res[gate].v, res[gate].err)
 	if grants[gate].kind == grantHeld {
 		return 0, &driver.HeldError{Remaining: max(grants[gate].pttl, 0) + r.jitter()}
 	}
@@ -197,7 +198,7 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 	}
 	if finish := r.acquireRound(ctx, others, res, keys, owner, ms, r.retMS); finish != nil {
 		go r.abandon(ctx, finish, res, lock, ch, owner)
-		return 0, fmt.Errorf("redis: redlock acquire: %w", ctx.Err())
+		return 0, r.p.errorf("redlock acquire: %w", ctx.Err())
 	}
 	var (
 		granted  int
@@ -206,7 +207,7 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 		maxToken uint64
 	)
 	for i, x := range res {
-		grants[i] = parseGrant(x.v, x.err)
+		grants[i] = r.p.parseGrant(x.v, x.err)
 		switch gr := grants[i]; gr.kind {
 		case grantUnknown:
 			failed++
@@ -238,18 +239,18 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 		}
 		if err := ctx.Err(); err != nil {
 			go r.cleanup(ctx, lock, ch, owner, grants, maxToken)
-			return 0, fmt.Errorf("redis: redlock acquire: %w", err)
+			return 0, r.p.errorf("redlock acquire: %w", err)
 		}
 		r.cleanup(ctx, lock, ch, owner, grants, maxToken)
 		if fenced < r.q {
-			return 0, fmt.Errorf("redis: redlock acquire: token write-back reached %d of %d nodes (quorum %d): %w: %v", fenced, n, r.q, driver.ErrUnavailable, firstErr(fres))
+			return 0, r.p.errorf("redlock acquire: token write-back reached %d of %d nodes (quorum %d): %w: %v", fenced, n, r.q, driver.ErrUnavailable, firstErr(fres))
 		}
 		return 0, &driver.HeldError{Remaining: r.jitter()}
 	}
 	// No quorum: delete what this attempt created.
 	if err := ctx.Err(); err != nil {
 		go r.cleanup(ctx, lock, ch, owner, grants, 0)
-		return 0, fmt.Errorf("redis: redlock acquire: %w", err)
+		return 0, r.p.errorf("redlock acquire: %w", err)
 	}
 	r.cleanup(ctx, lock, ch, owner, grants, 0)
 	if len(held) >= n-r.q+1 {
@@ -264,7 +265,7 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 		return 0, &driver.HeldError{Remaining: rem + r.jitter()}
 	}
 	if failed >= n-r.q+1 {
-		return 0, AsUnavailable(fmt.Errorf("redis: redlock acquire: no quorum: %d of %d nodes granted, %d held by another owner, %d failed (quorum %d): %w",
+		return 0, AsUnavailable(r.p.errorf("redlock acquire: no quorum: %d of %d nodes granted, %d held by another owner, %d failed (quorum %d): %w",
 			granted, n, len(held), failed, r.q, firstErr(res)))
 	}
 	// Split vote between contenders: retry after a random delay.
@@ -381,7 +382,7 @@ func (r *Redlock) abandon(ctx context.Context, finish func(), res []result, lock
 	finish()
 	grants := make([]grant, len(res))
 	for i, x := range res {
-		grants[i] = parseGrant(x.v, x.err)
+		grants[i] = r.p.parseGrant(x.v, x.err)
 	}
 	r.cleanup(ctx, lock, ch, owner, grants, 0)
 	if r.abandoned != nil {
@@ -431,11 +432,11 @@ func (r *Redlock) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	case ok >= r.q:
 		return nil
 	case ctx.Err() != nil:
-		return fmt.Errorf("redis: redlock refresh: %w", ctx.Err())
+		return r.p.errorf("redlock refresh: %w", ctx.Err())
 	case notHeld >= n-r.q+1:
-		return fmt.Errorf("redis: redlock refresh: held on %d of %d nodes: %w", ok, n, driver.ErrNotHeld)
+		return r.p.errorf("redlock refresh: held on %d of %d nodes: %w", ok, n, driver.ErrNotHeld)
 	}
-	return AsUnavailable(fmt.Errorf("redis: redlock refresh: reached %d of %d nodes (quorum %d): %w", ok, n, r.q, firstErr(res)))
+	return AsUnavailable(r.p.errorf("redlock refresh: reached %d of %d nodes (quorum %d): %w", ok, n, r.q, firstErr(res)))
 }
 
 // Release implements driver.Locker: ReleaseScript on every node. It
@@ -467,12 +468,12 @@ func (r *Redlock) Release(ctx context.Context, key, owner string) error {
 	case released >= r.q:
 		return nil
 	case ctx.Err() != nil:
-		return fmt.Errorf("redis: redlock release: %w", ctx.Err())
+		return r.p.errorf("redlock release: %w", ctx.Err())
 	case released+failed >= r.q:
-		return AsUnavailable(fmt.Errorf("redis: redlock release: released on %d, %d of %d nodes failed (quorum %d): %w",
+		return AsUnavailable(r.p.errorf("redlock release: released on %d, %d of %d nodes failed (quorum %d): %w",
 			released, failed, len(r.conns), r.q, firstErr(res)))
 	}
-	return fmt.Errorf("redis: redlock release: held on %d of %d nodes (quorum %d): %w",
+	return r.p.errorf("redlock release: held on %d of %d nodes (quorum %d): %w",
 		released, len(r.conns), r.q, driver.ErrNotHeld)
 }
 
@@ -493,7 +494,7 @@ func (r *Redlock) Inspect(ctx context.Context, key string) (driver.Info, error) 
 			failed++
 			continue
 		}
-		if info, err := parseInfo(x.v); err == nil {
+		if info, err := r.p.parseInfo(x.v); err == nil {
 			byOwner[info.Owner] = append(byOwner[info.Owner], info)
 		}
 	}
@@ -509,7 +510,7 @@ func (r *Redlock) Inspect(ctx context.Context, key string) (driver.Info, error) 
 		return out, nil
 	}
 	if ctx.Err() != nil {
-		return driver.Info{}, fmt.Errorf("redis: redlock inspect: %w", ctx.Err())
+		return driver.Info{}, r.p.errorf("redlock inspect: %w", ctx.Err())
 	}
 	if failed > 0 {
 		best := 0
@@ -517,17 +518,17 @@ func (r *Redlock) Inspect(ctx context.Context, key string) (driver.Info, error) 
 			best = max(best, len(infos))
 		}
 		if best+failed >= r.q {
-			return driver.Info{}, fmt.Errorf("redis: redlock inspect: %d of %d nodes failed: %w", failed, len(r.conns), firstErr(res))
+			return driver.Info{}, r.p.errorf("redlock inspect: %d of %d nodes failed: %w", failed, len(r.conns), firstErr(res))
 		}
 	}
-	return driver.Info{}, fmt.Errorf("redis: redlock inspect: %w", driver.ErrNotHeld)
+	return driver.Info{}, r.p.errorf("redlock inspect: %w", driver.ErrNotHeld)
 }
 
 // Ping implements driver.Pinger: it succeeds when a quorum of nodes answers
 // within NodeTimeout.
 func (r *Redlock) Ping(ctx context.Context) error {
 	if r.closed.Load() {
-		return fmt.Errorf("redis: %w", driver.ErrClosed)
+		return r.p.errorf("%w", driver.ErrClosed)
 	}
 	ch := make(chan error, len(r.conns))
 	pctx, cancel := context.WithTimeout(ctx, r.o.NodeTimeout)
@@ -557,9 +558,9 @@ func (r *Redlock) Ping(ctx context.Context) error {
 		}
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("redis: redlock ping: %w", ctx.Err())
+		return r.p.errorf("redlock ping: %w", ctx.Err())
 	}
-	return AsUnavailable(fmt.Errorf("redis: redlock ping: %d of %d nodes answered (quorum %d): %w", ok, len(r.conns), r.q, first))
+	return AsUnavailable(r.p.errorf("redlock ping: %d of %d nodes answered (quorum %d): %w", ok, len(r.conns), r.q, first))
 }
 
 // Close closes every Conn. It is idempotent; later calls of every method
