@@ -187,7 +187,7 @@
 // then takes the lock with a fresh token. A handoff therefore costs three
 // round trips (the waiter's queueing, its grant, the release) whatever the
 // number of waiting processes, and nobody else is woken
-// (drivertest.Contention, BenchmarkContention). A free key with nobody
+// (drivertest.Contention, BenchmarkQueue). A free key with nobody
 // queued is taken in one round trip with no queue work
 // (TestCommandsPerOperation).
 //
@@ -212,7 +212,7 @@
 // PUBLISH and the first to retry wins, as with sync.Mutex. That saves the
 // queueing round trip when waiters are few and short-lived, at the cost of
 // order: under contention a fast process takes most grants and the server
-// work per handoff grows with the number of waiters (BenchmarkContention
+// work per handoff grows with the number of waiters (BenchmarkQueue
 // barging-32: fairness near 0, tens of commands per acquisition).
 //
 // # Redlock

@@ -49,6 +49,12 @@ type core = rediscore.Locker
 //     TTL. An empty or oversized key (max_key_len, default 4096 bytes), an
 //     empty owner or a non-positive ttl wrap driver.ErrInvalid; after Close,
 //     driver.ErrClosed; a done ctx, ctx.Err() wrapped.
+//   - AcquireWait(ctx, key, owner, ttl) (driver.BlockingAcquirer): waits
+//     until key is granted to owner; on a single server, Cluster or
+//     Sentinel in a queue on the server, in arrival order (see the package
+//     documentation, Fairness); with fair=false and under Redlock by
+//     barging. ctx bounds the wait; its end leaves nothing held or queued.
+//     Errors as for Acquire, but never a *driver.HeldError.
 //   - Refresh(ctx, key, owner, ttl) (driver.Locker): driver.ErrNotHeld if
 //     owner does not hold key; an expired lock is never revived.
 //   - Release(ctx, key, owner) (driver.Locker): driver.ErrNotHeld if owner
@@ -86,8 +92,8 @@ type core = rediscore.Locker
 // Every error starts with "redis: ".
 type Locker struct{ *core }
 
-// Locker implements driver.Locker, Waiter, Inspector, Capable, Pinger and
-// HoldWatcher.
+// Locker implements driver.Locker, Waiter, Inspector, Capable, Pinger,
+// HoldWatcher and BlockingAcquirer.
 var _ rediscore.Interfaces = (*Locker)(nil)
 
 // Open parses a redis:// or rediss:// URL (see the package documentation),
