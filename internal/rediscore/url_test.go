@@ -58,6 +58,15 @@ func TestParseURLShared(t *testing.T) {
 		u.Options.NodeTimeout != 30*time.Millisecond || !u.AllowReplica || u.TLS || u.Scheme != "redis" {
 		t.Fatalf("%+v %+v", u, x)
 	}
+	if !u.Options.Barging {
+		t.Fatal("a Redlock URL must barge (no queue)")
+	}
+	for dsn, barging := range map[string]bool{"redis://h": false, "redis://h?fair=false": true, "redis://h?fair=true": false, "redis://h1,h2,h3?fair=false": true} {
+		u, err := ParseURL(dsn, redisSpec(&x))
+		if err != nil || u.Options.Barging != barging {
+			t.Fatalf("%s: Barging %v, %v; want %v", dsn, u != nil && u.Options.Barging, err, barging)
+		}
+	}
 
 	u, err = ParseURL("rueidis://user:pw@h1:7000/3?prefix=app&dial_timeout=2s&client_name=x&tls=true&node_timeout=20ms&drift_factor=0.02&max_key_len=10&token_retention=1h", rueidisSpec)
 	if err != nil {
@@ -129,6 +138,7 @@ func TestParseURLSharedErrors(t *testing.T) {
 	for _, tc := range []struct{ dsn, want string }{
 		// drivers/redis
 		{"redis://h:1?bogus=1", "redis: unknown query parameter(s) bogus"},
+		{"redis://h:1,h:2,h:3?fair=true", "redis: fair=true: Redlock does not queue waiters"},
 		{"redis://h:1?b=1&a=2", "redis: unknown query parameter(s) a, b"},
 		{"redis://h:1?cluster=true&sentinel_master=m", "redis: cluster=true and sentinel_master are mutually exclusive"},
 		{"redis://h:1/1?cluster=true", "redis: a Redis Cluster has only database 0, not 1"},
