@@ -76,7 +76,7 @@ func BenchmarkUncontended(b *testing.B) {
 			if err := acq.Exec(ctx, cl, []string{lock, counter}, []string{owner, ms, ret}).Error(); err != nil {
 				b.Fatal(err)
 			}
-			if n, err := rel.Exec(ctx, cl, []string{lock}, []string{owner, ch}).AsInt64(); err != nil || n != 1 {
+			if n, err := rel.Exec(ctx, cl, releaseKeys(lock), []string{owner, ch, rediscore.WakeChannel("", "")}).AsInt64(); err != nil || n != 1 {
 				b.Fatal(n, err)
 			}
 		}
@@ -164,7 +164,7 @@ func BenchmarkUncontendedInterleaved(b *testing.B) {
 		if err := acq.Exec(ctx, cl, []string{lock, counter}, []string{owner, ms, ret}).Error(); err != nil {
 			b.Fatal(err)
 		}
-		if n, err := rel.Exec(ctx, cl, []string{lock}, []string{owner, ch}).AsInt64(); err != nil || n != 1 {
+		if n, err := rel.Exec(ctx, cl, releaseKeys(lock), []string{owner, ch, rediscore.WakeChannel("", "")}).AsInt64(); err != nil || n != 1 {
 			b.Fatal(n, err)
 		}
 		t2 := time.Now()
@@ -417,4 +417,10 @@ func BenchmarkQueue(b *testing.B) {
 			})
 		}
 	}
+}
+
+// releaseKeys returns ReleaseScript's keys: the lock and its (empty) queue.
+func releaseKeys(lock string) []string {
+	ql, qz := rediscore.QueueKeys(lock)
+	return []string{lock, ql, qz}
 }

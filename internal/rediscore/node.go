@@ -129,48 +129,24 @@ func (n *Node) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 	lock, counter, ch := Keys(n.o.Prefix, key)
 	keys := []string{lock, counter}
 	ms := ttlMS(n.Capabilities(), ttl)
-	var (
-		r   any
-		err error
-	)
-	if ctx.Done() == nil {
-		r, err = n.c.Run(ctx, AcquireScript, keys, owner, ms, n.retMS)
-	} else {
-		// Run the script detached from ctx's cancellation so that, if ctx
-		// ends first, we learn the outcome and delete a grant nobody will
-		// use. Only a grant this call created is deleted, by its token: a
-		// lock owner held before the call (another Locker with the same
-		// owner, a WithOwner hand-over) stays held. When the reply is lost
-		// too, the outcome is unknown and nothing is deleted: a grant the
-		// call may have made expires at its TTL, while deleting by owner
-		// could free a lock held before the call.
-		type reply struct {
-			v   any
-			err error
+	// The script runs detached from ctx's cancellation so that, if ctx
+	// ends first, we learn the outcome and delete a grant nobody will use.
+	// Only a grant this call created is deleted, by its token: a lock owner
+	// held before the call (another Locker with the same owner, a WithOwner
+	// hand-over) stays held. When the reply is lost too, the outcome is
+	// unknown and nothing is deleted: a grant the call may have made
+	// expires at its TTL, while deleting by owner could free a lock held
+	// before the call.
+	r, err, abandoned := n.runDetached(ctx, AcquireScript, keys, []string{owner, ms, n.retMS}, func(g grant) {
+		if g.kind == grantCreated {
+			n.cleanup(lock, ch, owner, g.token)
 		}
-		rc := make(chan reply, 1)
-		go func() {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.detachedTimeout())
-			defer cancel()
-			v, err := n.c.Run(rctx, AcquireScript, keys, owner, ms, n.retMS)
-			rc <- reply{v, err}
-		}()
-		select {
-		case x := <-rc:
-			r, err = x.v, x.err
-		case <-ctx.Done():
-			go func() {
-				x := <-rc
-				g := n.p.parseGrant(x.v, x.err)
-				if g.kind == grantCreated {
-					n.cleanup(lock, ch, owner, g.token)
-				}
-				if n.abandoned != nil {
-					n.abandoned(g)
-				}
-			}()
-			return 0, n.p.errorf("acquire: %w", ctx.Err())
+		if n.abandoned != nil {
+			n.abandoned(g)
 		}
+	})
+	if abandoned {
+		return 0, n.p.errorf("acquire: %w", ctx.Err())
 	}
 	if err != nil {
 		return 0, n.p.ctxErr(ctx, "acquire", err)

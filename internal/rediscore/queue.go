@@ -83,7 +83,7 @@ func WakeChannel(prefix, wid string) string {
 // milliseconds after which the waiter should look again even if not woken
 // (the holder's PTTL when it is first in line, else the first entry's
 // remaining life).
-var QueueAcquireScript = newScript("queue-acquire", `
+var QueueAcquireScript = newScript("queue-acquire", grantLua+`
 local v = redis.call('GET', KEYS[1])
 local el = ARGV[4]
 if v and string.sub(v, 1, 2) ~= 'q:' then
@@ -114,13 +114,7 @@ if v == 'q:' .. el or (not v and (not head or head == el)) then
     redis.call('ZREM', KEYS[4], el)
     redis.call('LREM', KEYS[3], 1, el)
   end
-  local n = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  if c + 1 > n then n = c + 1 end
-  local s = string.format('%.0f', n)
-  redis.call('SET', KEYS[2], s, 'PX', tonumber(ARGV[2]) + tonumber(ARGV[3]))
-  redis.call('SET', KEYS[1], s .. ':' .. ARGV[1], 'PX', ARGV[2])
-  return s
+  return grant(t)
 end
 local life = tonumber(ARGV[5])
 if redis.call('ZADD', KEYS[4], now + life, el) == 1 then

@@ -43,7 +43,7 @@ func newScript(name, src string) *Script {
 // TIME floor keeps tokens increasing after the counter expired or the server
 // restarted empty, provided the server clock never steps back by more than
 // the retention.
-var AcquireScript = newScript("acquire", `
+var AcquireScript = newScript("acquire", grantLua+`
 local v = redis.call('GET', KEYS[1])
 if v then
   local i = string.find(v, ':', 1, true)
@@ -54,14 +54,28 @@ if v then
   return redis.call('PTTL', KEYS[1])
 end
 local t = redis.call('TIME')
-local n = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-if c + 1 > n then n = c + 1 end
-local s = string.format('%.0f', n)
-redis.call('SET', KEYS[2], s, 'PX', tonumber(ARGV[2]) + tonumber(ARGV[3]))
-redis.call('SET', KEYS[1], s .. ':' .. ARGV[1], 'PX', ARGV[2])
-return s
+return grant(t)
 `)
+
+// grantLua mints the fencing token and writes the grant, for
+// AcquireScript and QueueAcquireScript: grant(t), given the reply t of
+// TIME, sets the counter to max(counter+1, t in µs) with PX ttl +
+// retention, stores "<token>:<owner>" at the lock key with PX ttl, and
+// returns the token as a string.
+//
+//	KEYS[1] lock key, KEYS[2] token counter key
+//	ARGV[1] owner, ARGV[2] ttl in ms, ARGV[3] counter retention in ms
+const grantLua = `
+local function grant(t)
+  local n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  if c + 1 > n then n = c + 1 end
+  local s = string.format('%.0f', n)
+  redis.call('SET', KEYS[2], s, 'PX', tonumber(ARGV[2]) + tonumber(ARGV[3]))
+  redis.call('SET', KEYS[1], s .. ':' .. ARGV[1], 'PX', ARGV[2])
+  return s
+end
+`
 
 // RefreshScript resets the TTL of a lock its owner holds. It never revives
 // an expired key: an absent key is simply not held.
