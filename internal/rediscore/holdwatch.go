@@ -208,6 +208,12 @@ func (h *HoldWatch) loop(lock string, k *holdKey) {
 			return
 		case <-k.dirty:
 		}
+		if !h.watching(k) {
+			// Every entry is being released: the owner's own DEL is what
+			// invalidated the key, and done either ends the watch or marks
+			// the key again.
+			continue
+		}
 		rctx, rcancel := context.WithTimeout(ctx, holdReadTimeout)
 		v, exists, err := h.read(rctx, lock)
 		rcancel()
@@ -227,6 +233,18 @@ func (h *HoldWatch) loop(lock string, k *holdKey) {
 		backoff = 10 * time.Millisecond
 		h.check(lock, k, v, exists)
 	}
+}
+
+// watching reports whether k has an entry whose release is not under way.
+func (h *HoldWatch) watching(k *holdKey) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for e := range k.entries {
+		if !e.releasing {
+			return true
+		}
+	}
+	return false
 }
 
 // check reports lost every entry of k whose grant the value read does not
