@@ -14,13 +14,15 @@ import (
 	"github.com/go-locker/locker/internal/redistest"
 )
 
-// scriptCalls sums the calls of every command in INFO commandstats except
-// INFO and ECHO: what the server executed, script internals included.
-func scriptCalls(b testing.TB, s *redistest.Server) int64 {
+// scriptCalls reads INFO commandstats: the calls of every command except
+// INFO and ECHO, by name (what the server executed, script internals
+// included), and their sum.
+func scriptCalls(b testing.TB, s *redistest.Server) (map[string]int64, int64) {
 	v, err := s.Do("INFO", "commandstats")
 	if err != nil {
 		b.Fatal(err)
 	}
+	by := map[string]int64{}
 	var n int64
 	for _, line := range strings.Split(v.(string), "\r\n") {
 		name, rest, ok := strings.Cut(line, ":calls=")
@@ -28,9 +30,10 @@ func scriptCalls(b testing.TB, s *redistest.Server) int64 {
 			continue
 		}
 		c, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+		by[strings.TrimPrefix(name, "cmdstat_")] = c
 		n += c
 	}
-	return n
+	return by, n
 }
 
 // Contention benchmarks procs Lockers, each its own locker.Locker as
@@ -39,7 +42,9 @@ func scriptCalls(b testing.TB, s *redistest.Server) int64 {
 // b.N acquisitions in all. It reports
 //
 //	calls/acq    commands the clients sent per acquisition (MONITOR; script
-//	             internals and PING/CLIENT/HELLO left out)
+//	             internals and PING/CLIENT/HELLO left out), in the steady
+//	             state: every Locker has waited once before the count
+//	             starts, and every wait under way at the end is granted
 //	server-cmds/acq  every command the server ran per acquisition, script
 //	             internals included (INFO commandstats)
 //	fairness     fewest/most acquisitions of one Locker (1 = equal shares)
@@ -56,17 +61,55 @@ func Contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold t
 		defer l.Close()
 		lockers[i] = l
 	}
-	// Warm up every Locker (connections, scripts, subscriptions).
-	for _, l := range lockers {
-		lk, err := l.Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
-		if err != nil {
-			b.Fatal(err)
+	// Warm up every Locker (connections, scripts, subscriptions): one
+	// round in which all but the first wait, so each has subscribed its
+	// wake channel, as a long-lived process would have.
+	first, err := lockers[0].Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var warm sync.WaitGroup
+	warmErr := make(chan error, procs)
+	for _, l := range lockers[1:] {
+		warm.Go(func() {
+			lk, err := l.Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
+			if err != nil {
+				warmErr <- err
+				return
+			}
+			time.Sleep(hold) // the watch's first read starts its tracker
+			_ = lk.Release(ctx)
+		})
+	}
+	barging := strings.Contains(dsn, "fair=false")
+	waitQueued(b, s, barging, procs-1)
+	_ = first.Release(ctx)
+	warm.Wait()
+	close(warmErr)
+	if err := <-warmErr; err != nil {
+		b.Fatal(err)
+	}
+	// The first Locker has not waited yet: it waits behind the second.
+	second, err := lockers[1].Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
+	if err != nil {
+		b.Fatal(err)
+	}
+	firstWait := make(chan error, 1)
+	go func() {
+		lk, err := lockers[0].Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
+		if err == nil {
+			err = lk.Release(ctx)
 		}
-		_ = lk.Release(ctx)
+		firstWait <- err
+	}()
+	waitQueued(b, s, barging, 1)
+	_ = second.Release(ctx)
+	if err := <-firstWait; err != nil {
+		b.Fatal(err)
 	}
 	mon := startMonitor(b, s.Addr)
+	startBy, startCmds := scriptCalls(b, s)
 	mon.take(b, s.Addr, 0)
-	startCmds := scriptCalls(b, s)
 	var (
 		grants     atomic.Int64
 		releasedAt atomic.Int64 // unix ns of the last release's start; 0 = none
@@ -103,7 +146,9 @@ func Contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold t
 				releasedAt.Store(time.Now().UnixNano())
 				_ = lk.Release(context.Background())
 				if n >= target {
-					cancel()
+					// Done; those still waiting are granted in turn, so
+					// no wait is cut short (a cancelled wait's LEAVE is
+					// not part of an acquisition).
 					return
 				}
 			}
@@ -121,7 +166,12 @@ func Contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold t
 		byName[c]++
 	}
 	b.Logf("client commands: %v", byName)
-	cmds := scriptCalls(b, s) - startCmds
+	endBy, endCmds := scriptCalls(b, s)
+	cmds := endCmds - startCmds
+	for name, c := range endBy {
+		endBy[name] = c - startBy[name]
+	}
+	b.Logf("server commands: %v", endBy)
 	n := float64(grants.Load())
 	slices.Sort(wakes)
 	lo, hi := slices.Min(per), slices.Max(per)
@@ -130,5 +180,36 @@ func Contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold t
 	b.ReportMetric(float64(lo)/float64(max(hi, 1)), "fairness")
 	if len(wakes) > 0 {
 		b.ReportMetric(float64(wakes[len(wakes)/2].Microseconds()), "wake-p50-us")
+	}
+}
+
+// waitQueued waits until n waiters stand in the fair queue of "hot" on s
+// (barging: until n clients subscribe to its channel).
+func waitQueued(b *testing.B, s *redistest.Server, barging bool, n int) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var c int64
+		if barging {
+			v, err := s.Do("PUBSUB", "NUMSUB", "locker:{hot}")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if a, _ := v.([]any); len(a) == 2 {
+				c, _ = a[1].(int64)
+			}
+		} else {
+			v, err := s.Do("LLEN", "locker:{hot}:q")
+			if err != nil {
+				b.Fatal(err)
+			}
+			c, _ = v.(int64)
+		}
+		if c >= int64(n) {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d waiters queued or subscribed after 10s", c, n)
+		}
+		time.Sleep(2 * time.Millisecond) // polling a condition with a deadline
 	}
 }
