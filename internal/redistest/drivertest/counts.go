@@ -53,14 +53,8 @@ func startMonitor(t testing.TB, addr string) *monitor {
 			if !ok {
 				continue
 			}
-			name, rest, _ := strings.Cut(cmd, "\"")
+			name, _, _ := strings.Cut(cmd, "\"")
 			name = strings.ToLower(name)
-			if name == "subscribe" || name == "unsubscribe" {
-				name += rest
-			}
-			if name == "evalsha" && len(rest) > 10 {
-				name += rest[2:10]
-			}
 			m.mu.Lock()
 			switch {
 			case strings.Contains(line, m.mark) && m.mark != "":
