@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -397,4 +398,84 @@ func BenchmarkLeaseTableGrowth(b *testing.B) {
 	b.ReportMetric(float64(table), "table-bytes")
 	b.ReportMetric(float64(index), "index-bytes")
 	b.ReportMetric(float64(rows), "rows")
+}
+
+// BenchmarkAdvisoryStatements splits advisory mode's cost over its floor:
+// on one pinned connection, in an order that rotates every iteration, it
+// times acquire+release as
+//
+//	full           the driver's two statements, as Acquire and Release send them
+//	noapp          without publishing the holder in application_name
+//	noapp-noist    without that and without arming idle_session_timeout
+//	floor+nextval  pg_advisory_lock with nextval of the token sequence, and
+//	               pg_advisory_unlock
+//	floor          pg_advisory_lock and pg_advisory_unlock
+//
+// (us per acquire+release). The gap between full and floor+nextval is what
+// the TTL, the holder's publication and the durable-token check cost; the
+// gap between BenchmarkUncontendedInterleaved's driver and full is the
+// driver's own work and the pool.
+func BenchmarkAdvisoryStatements(b *testing.B) {
+	url := serverURL(b)
+	ctx := context.Background()
+	key := fmt.Sprintf("bench/statements/%d", time.Now().UnixNano())
+	d := openT(b, url)
+	conn := rawConn(b, url)
+	adv := AdvisoryKey("bench-floor", key)
+	full := d.sql.acquire[0][0]
+	noApp := strings.Replace(full, "|| set_config('application_name', 'lk/' || to_hex(t.tok) || '/' || $4 || '/' || $5, false)", "|| $4 || $5", 1)
+	noIST := strings.Replace(noApp, "set_config('idle_session_timeout', $3, false)", "$3", 1)
+	if noApp == full || noIST == noApp {
+		b.Fatal("replace failed")
+	}
+	rel := d.sql.release
+	relNoApp := `SELECT pg_advisory_unlock($1), set_config('idle_session_timeout', $2, false), $3`
+	relBare := `SELECT pg_advisory_unlock($1), $2, $3`
+	type variant struct {
+		name     string
+		acq, rel string
+	}
+	vs := []variant{{"full", full, rel}, {"noapp", noApp, relNoApp}, {"noapp-noist", noIST, relBare}, {"floor", "", ""}, {"floor+nextval", "N", ""}}
+	t := make([]time.Duration, len(vs))
+	pid := conn.PgConn().PID()
+	i := 0
+	for b.Loop() {
+		i++
+		for j := range vs {
+			v := vs[(i+j)%len(vs)]
+			t0 := time.Now()
+			if v.acq == "N" {
+				if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1), nextval('public.locker_token_seq'::regclass)`, adv); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, adv); err != nil {
+					b.Fatal(err)
+				}
+			} else if v.acq == "" {
+				if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, adv); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, adv); err != nil {
+					b.Fatal(err)
+				}
+			} else {
+				var ok *bool
+				var tok *int64
+				var ist, app, set *string
+				if err := conn.QueryRow(ctx, v.acq, adv, int64(pid), "10000", "2710", "ownertag").Scan(&ok, &tok, &ist, &app, &set); err != nil {
+					b.Fatal(err)
+				}
+				var u bool
+				var a1, a2 string
+				if err := conn.QueryRow(ctx, v.rel, adv, *ist, *app).Scan(&u, &a1, &a2); err != nil {
+					b.Fatal(err)
+				}
+			}
+			t[(i+j)%len(vs)] += time.Since(t0)
+		}
+	}
+	n := float64(b.N)
+	for k, v := range vs {
+		b.ReportMetric(float64(t[k].Nanoseconds())/n/1e3, v.name+"-us")
+	}
 }
