@@ -194,10 +194,20 @@
 // queued is taken in one round trip with no queue work
 // (TestCommandsPerOperation).
 //
-// A waiter renews its queue entry every queue_ttl/2. One that crashed or
-// was cut off stops renewing: its entry, and a reservation made for it,
-// lapse within queue_ttl, and the next waiter goes on
-// (TestFair/killed-waiter, TestFair/cut-waiter). A cancelled wait removes
+// A waiter whose process exited (or was killed) is skipped at once on a
+// single server and under Sentinel: the release publishes on its wake
+// channel, nobody receives it, and the lock goes to the next waiter
+// (TestFair/killed-waiter: a SIGKILLed child process first in line, the
+// next waiter granted within 1s with queue_ttl=5s, measured under 1ms;
+// internal/rediscore TestQueueSkipsUnheardWaiter). A waiter that is cut
+// off keeps its connection open on the server, and on a Cluster PUBLISH
+// counts one node's subscribers only: there the entry, renewed every
+// queue_ttl/2, and a reservation made for it lapse within queue_ttl, and
+// the next waiter goes on (TestFair/cut-waiter; TestFair/cluster/
+// killed-waiter, 577–598ms with queue_ttl=600ms). So does the first wait
+// of a Locker whose wake channel could not be subscribed. A waiter whose
+// wake connection dropped can be skipped too; it joins again at the back
+// of the queue when its subscription is back. A cancelled wait removes
 // its entry at once and passes on a reservation it was given, leaving
 // nothing behind (TestFair/cancel). Tokens and the fencing rules are those
 // of every grant. Within one Locker, package locker queues its own callers

@@ -189,6 +189,7 @@ func newLocker(clients []redis.UniversalClient, o Options, owns bool, tr *tracke
 	}
 	if len(clients) == 1 {
 		cfg.Listener = w.subs[0] // the fair queue's wake-ups
+		_, cfg.Sharded = clients[0].(*redis.ClusterClient)
 	}
 	return &Locker{rediscore.NewLocker(cfg)}
 }

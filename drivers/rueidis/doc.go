@@ -175,8 +175,10 @@
 // layout are shared, and waiters of both drivers stand in one queue):
 // single server, Cluster and Sentinel queue waiters in arrival order, a
 // release wakes only the next one through its Locker's wake channel (a
-// SUBSCRIBE on the script client, one per Locker), a dead or cut-off
-// waiter holds the queue up for at most queue_ttl (TestFair), Redlock and
+// SUBSCRIBE on the script client, one per Locker), a waiter whose
+// process is gone is skipped at once (single server, Sentinel), a cut-off
+// one, or a dead one on a Cluster, holds the queue up for at most
+// queue_ttl (TestFair), Redlock and
 // fair=false barge. The client-side-caching waits below serve barging
 // waiters and driver.Waiter.
 //

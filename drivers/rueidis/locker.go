@@ -115,6 +115,7 @@ func newLocker(w rediscore.Waiter, hold *rediscore.HoldWatch, o Options, conns .
 	}
 	if c, ok := conns[0].(*conn); ok && len(conns) == 1 {
 		cfg.Listener = newListener(c.client)
+		cfg.Sharded = c.client.Mode() == rueidis.ClientModeCluster
 	}
 	return &Locker{w: w, core: rediscore.NewLocker(cfg)}
 }

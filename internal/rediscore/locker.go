@@ -62,6 +62,11 @@ type LockerConfig struct {
 	// unless Options.Barging. If it has a Shut method, Close calls it
 	// before closing the Conns.
 	Listener Listener
+	// Sharded says the one deployment is a Cluster, where PUBLISH counts
+	// only the subscribers of the node that runs it: the fair queue then
+	// cannot tell that a waiter's process is gone, and relies on its
+	// entry's expiry alone (see QueueAcquireScript).
+	Sharded bool
 }
 
 // backend is what Node and Redlock implement.
@@ -132,6 +137,7 @@ func NewLocker(cfg LockerConfig) *Locker {
 		if cfg.Listener != nil {
 			l.node.SetListener(cfg.Listener)
 		}
+		l.node.sharded = cfg.Sharded
 		l.b = l.node
 	} else {
 		l.redlock = NewRedlock(cfg.Conns, o)

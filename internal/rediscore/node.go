@@ -30,6 +30,7 @@ type Node struct {
 	listener  Listener
 	listenMu  sync.Mutex
 	listening atomic.Bool
+	sharded   bool // a Cluster: PUBLISH counts only one node's subscribers
 	route     router
 	bg        sync.WaitGroup // clean-ups Close waits for (bounded)
 

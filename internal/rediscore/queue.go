@@ -24,19 +24,29 @@ import (
 // A waiter is the element "<wid>:<owner>", where wid names the Node (one
 // random id per Node) and so its wake channel, WakeChannel(prefix, wid).
 // A release (ReleaseScript) or an abandoned grant (CleanupScript) hands the
-// lock to the first waiter whose entry is alive: the lock key becomes the
-// reservation "q:<element>", which nobody else can take, for at most the
-// rest of that entry's life, and the lock key is published on the waiter's
-// wake channel. The waiter's next QueueAcquireScript turns the reservation
-// into a grant with a fresh fencing token. Nobody else is woken: a handoff
-// costs the server O(1) commands however many processes wait.
+// lock to the first waiter whose entry is alive and whose Node still
+// listens (PUBLISH on its wake channel reached a subscriber): the lock key
+// becomes the reservation "q:<element>", which nobody else can take, for
+// at most the rest of that entry's life. The waiter's next
+// QueueAcquireScript turns the reservation into a grant with a fresh
+// fencing token. Nobody else is woken: a handoff costs the server O(1)
+// commands however many processes wait.
+//
+// A Node joins the queue only once its wake channel is subscribed (its
+// first wait probes without joining, then subscribes), so an element
+// nobody listens for belongs to a waiter whose process exited or whose
+// connection dropped, and is skipped at once. On a Cluster PUBLISH counts
+// only the subscribers of one node, and a Node that could not subscribe
+// has nobody listening either: their elements are "~<wid>:<owner>", never
+// skipped for want of a listener.
 //
 // Entries live QueueTTL unless renewed; a waiter renews its entry every
-// QueueTTL/2 by running QueueAcquireScript again. A waiter that crashed or
-// was cut off stops renewing: its entry, and a reservation made for it,
-// lapse within QueueTTL, and the waiter behind it, whose timer is set to
-// that moment, drops it and goes on. A cancelled wait removes its entry at
-// once (LeaveScript) and passes on a reservation it was given.
+// QueueTTL/2 by running QueueAcquireScript again (which also joins again,
+// at the back, a waiter that was skipped). A waiter that was cut off stops
+// renewing: its entry, and a reservation made for it, lapse within
+// QueueTTL, and the waiter behind it, whose timer is set to that moment,
+// drops it and goes on. A cancelled wait removes its entry at once
+// (LeaveScript) and passes on a reservation it was given.
 //
 // Acquire (one attempt, TryAcquire) does not queue: it takes a free key,
 // and a free key with waiters is rare, since a release hands it over
@@ -69,21 +79,24 @@ func WakeChannel(prefix, wid string) string {
 // (or nobody in line); otherwise it adds the waiter to the queue or renews
 // its entry. Entries that expired at the head of the queue are dropped
 // first; if that leaves the lock free with another waiter first, the lock
-// is reserved for that one and it is woken (it may have missed its
-// wake-up).
+// is reserved for the first live one (see reserveLua) and it is woken (it
+// may have missed its wake-up); if every waiter before this one is gone,
+// this one takes the lock.
 //
-//	KEYS[1] lock key, KEYS[2] token counter, KEYS[3] queue list,
+//	KEYS[1] lock key, KEYS[2] token counter key, KEYS[3] queue list,
 //	KEYS[4] queue expiries
 //	ARGV[1] owner, ARGV[2] ttl in ms, ARGV[3] counter retention in ms,
-//	ARGV[4] element "<wid>:<owner>", ARGV[5] QueueTTL in ms,
-//	ARGV[6] wake channel prefix ("<prefix>:wake:")
+//	ARGV[4] element "<wid>:<owner>" (or "~<wid>:<owner>"),
+//	ARGV[5] QueueTTL in ms, ARGV[6] wake channel prefix ("<prefix>:wake:"),
+//	ARGV[7] "1" to join the queue, "0" to take a free lock only (the
+//	Node's wake channel is not subscribed yet)
 //
 // Reply: as AcquireScript's for a grant (a bulk string token when created,
 // {token} when owner held the lock already); when queued, an integer: the
 // milliseconds after which the waiter should look again even if not woken
 // (the holder's PTTL when it is first in line, else the first entry's
-// remaining life).
-var QueueAcquireScript = newScript("queue-acquire", grantLua+`
+// remaining life); when not joining, the lock's PTTL.
+var QueueAcquireScript = newScript("queue-acquire", grantLua+reserveLua+`
 local v = redis.call('GET', KEYS[1])
 local el = ARGV[4]
 if v and string.sub(v, 1, 2) ~= 'q:' then
@@ -98,8 +111,9 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local head = redis.call('LINDEX', KEYS[3], 0)
+local e
 while head do
-  local e = tonumber(redis.call('ZSCORE', KEYS[4], head))
+  e = tonumber(redis.call('ZSCORE', KEYS[4], head))
   if e and e > now then break end
   redis.call('LPOP', KEYS[3])
   redis.call('ZREM', KEYS[4], head)
@@ -116,6 +130,9 @@ if v == 'q:' .. el or (not v and (not head or head == el)) then
   end
   return grant(t)
 end
+if ARGV[7] ~= '1' then
+  return redis.call('PTTL', KEYS[1])
+end
 local life = tonumber(ARGV[5])
 if redis.call('ZADD', KEYS[4], now + life, el) == 1 then
   redis.call('RPUSH', KEYS[3], el)
@@ -125,11 +142,14 @@ redis.call('PEXPIRE', KEYS[4], 2 * life)
 if not head or head == el then
   return redis.call('PTTL', KEYS[1])
 end
-local e = tonumber(redis.call('ZSCORE', KEYS[4], head))
 if not v then
-  redis.call('SET', KEYS[1], 'q:' .. head, 'PX', e - now)
-  local i = string.find(head, ':', 1, true)
-  redis.call('PUBLISH', ARGV[6] .. string.sub(head, 1, i - 1), KEYS[1])
+  local who, left = reserve(now, head, KEYS[3], KEYS[4], ARGV[6], el)
+  if who == 'self' then
+    redis.call('ZREM', KEYS[4], el)
+    redis.call('LREM', KEYS[3], 1, el)
+    return grant(t)
+  end
+  return left
 end
 return e - now
 `)
@@ -276,9 +296,25 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 	lock, counter, ch := Keys(n.o.Prefix, key)
 	ql, qz := QueueKeys(lock)
 	keys := []string{lock, counter, ql, qz}
-	el := n.wid + ":" + owner
+	// The element: "<wid>:<owner>" when this Node's wake channel is
+	// subscribed and PUBLISH counts its subscribers (not a Cluster), so
+	// that a release skips the entry once nobody listens; "~<wid>:<owner>"
+	// otherwise. Until the channel is subscribed, attempts do not join the
+	// queue; the element is fixed by the first attempt that does.
+	el := "~" + n.wid + ":" + owner
+	join := n.listening.Load()
+	if join && !n.sharded {
+		el = n.wid + ":" + owner
+	}
 	prefix := WakeChannel(n.o.Prefix, "")
-	args := []string{owner, ttlMS(n.Capabilities(), ttl), n.retMS, el, strconv.FormatInt(n.o.QueueTTL.Milliseconds(), 10), prefix}
+	args := []string{owner, ttlMS(n.Capabilities(), ttl), n.retMS, el, strconv.FormatInt(n.o.QueueTTL.Milliseconds(), 10), prefix, "0"}
+	setJoin := func() {
+		join = true
+		args[6] = "1"
+	}
+	if join {
+		setJoin()
+	}
 	leave := func(g grant) {
 		if g.kind == grantCreated {
 			n.cleanup(lock, ch, owner, g.token)
@@ -306,13 +342,24 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 		case grantHeld:
 			retry = retryMin
 			if !n.listening.Load() {
-				if err := n.listen(ctx); err == nil {
-					continue // a wake-up sent before the subscription was missed: look again
-				} else if ctx.Err() != nil {
+				err := n.listen(ctx)
+				if err != nil && ctx.Err() != nil {
 					n.background(func() { leave(grant{}) })
 					return 0, n.p.waitErr(ctx, "acquire", lastErr)
 				}
-				// No wake channel: look again at the heartbeat.
+				if join && err == nil {
+					continue // a wake-up sent before the subscription was missed: look again
+				}
+				// Without a wake channel a queued waiter looks again at
+				// the heartbeat.
+			}
+			if !join {
+				if n.listening.Load() && !n.sharded {
+					el = n.wid + ":" + owner
+					args[3] = el
+				}
+				setJoin()
+				continue // join the queue now
 			}
 			wait = beat
 			if g.pttl > 0 && g.pttl+expirySlack < wait {

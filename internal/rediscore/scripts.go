@@ -96,34 +96,58 @@ end
 return 0
 `)
 
+// reserveLua hands a free lock to the first live waiter of its fair queue:
+// reserve(now, h, l, z, wake, self), given server time now in ms, the
+// first element h of the list l (expiries in the sorted set z), the wake
+// channel prefix and the caller's own element (or nil), walks the queue
+// from its head. An entry past its expiry is dropped. So is an entry whose
+// Node no longer listens: the lock key is published on the entry's wake
+// channel, and PUBLISH reaching no subscriber means the waiter's process
+// exited or lost its connection. That check is skipped for elements that
+// start with "~" (the waiter's Node was not subscribed when it joined, or
+// runs on a Cluster, where PUBLISH counts only the subscribers of the node
+// that runs the script). The first entry that passes gets the lock key set
+// to the reservation "q:<element>" for the rest of its entry's life.
+//
+// Reply: "other" and the reservation's life in ms when reserved, "self"
+// when the walk reached the caller's own element (nothing is reserved:
+// the caller takes the lock), nil when nobody live is left.
+const reserveLua = `
+local function reserve(now, h, l, z, wake, self)
+  while h do
+    if h == self then return 'self', 0 end
+    local e = tonumber(redis.call('ZSCORE', z, h))
+    if e and e > now then
+      local i = string.find(h, ':', 1, true)
+      local w = string.sub(h, 1, i - 1)
+      local sure = string.sub(w, 1, 1) ~= '~'
+      if not sure then w = string.sub(w, 2) end
+      if redis.call('PUBLISH', wake .. w, KEYS[1]) > 0 or not sure then
+        redis.call('SET', KEYS[1], 'q:' .. h, 'PX', e - now)
+        return 'other', e - now
+      end
+    end
+    redis.call('LPOP', l)
+    redis.call('ZREM', z, h)
+    h = redis.call('LINDEX', l, 0)
+  end
+  return nil, 0
+end
+`
+
 // handoffLua ends a grant: it hands the lock to the first live waiter of
-// the key's fair queue, or deletes it when nobody waits (see
-// QueueAcquireScript). Handing over sets the lock key to the reservation
-// "q:<element>" for the remaining life of that waiter's entry and
-// publishes the lock key on the waiter's wake channel; deleting publishes
-// on the key's channel, waking barging and pub/sub waiters. Entries whose
-// waiter stopped renewing them are dropped on the way.
+// the key's fair queue (see reserveLua), or deletes it when nobody waits
+// and publishes on the key's channel, waking barging and pub/sub waiters.
 //
 //	KEYS[1] lock key, KEYS[2] queue list, KEYS[3] queue expiries
 //	ARGV[2] the key's channel, ARGV[3] wake channel prefix
-const handoffLua = `
+const handoffLua = reserveLua + `
 local function handoff()
   local h = redis.call('LINDEX', KEYS[2], 0)
   if h then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    while h do
-      local e = tonumber(redis.call('ZSCORE', KEYS[3], h))
-      if e and e > now then
-        redis.call('SET', KEYS[1], 'q:' .. h, 'PX', e - now)
-        local i = string.find(h, ':', 1, true)
-        redis.call('PUBLISH', ARGV[3] .. string.sub(h, 1, i - 1), KEYS[1])
-        return
-      end
-      redis.call('LPOP', KEYS[2])
-      redis.call('ZREM', KEYS[3], h)
-      h = redis.call('LINDEX', KEYS[2], 0)
-    end
+    if reserve(now, h, KEYS[2], KEYS[3], ARGV[3], nil) then return end
   end
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], '1')

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,6 +38,20 @@ func (d Deployment) queueLen(t testing.TB, key string) int64 {
 		}
 	}
 	return n
+}
+
+// queueHead returns the first element of key's queue, or "".
+func (d Deployment) queueHead(t testing.TB, key string) string {
+	lock, _, _ := rediscore.Keys("", key)
+	ql, _ := rediscore.QueueKeys(lock)
+	for _, s := range d.Servers {
+		if v, err := s.Do("LINDEX", ql, "0"); err == nil {
+			if el, ok := v.(string); ok {
+				return el
+			}
+		}
+	}
+	return ""
 }
 
 // queueKeys returns how many of key's queue keys exist.
@@ -249,10 +264,14 @@ func MaybeChild() {
 }
 
 // FairKilledWaiter: a waiter queued in another process is SIGKILLed while
-// first in line; after the holder's release the next waiter is granted
-// within the dead waiter's queue_ttl (its entry is not renewed), not
-// stuck. d.URL should set a short queue_ttl, given as queueTTL.
-func FairKilledWaiter(t *testing.T, d Deployment, queueTTL time.Duration) {
+// first in line, then the holder releases. With gone (a single server or
+// Sentinel), the release sees that nobody listens on the dead waiter's
+// wake channel and hands the key to the next waiter at once: granted
+// within 1s, where queueTTL (d.URL's queue_ttl) must be longer. Without
+// (a Cluster, where PUBLISH counts one node's subscribers), the dead
+// waiter's entry lapses after queueTTL and the next waiter is granted then
+// (within queueTTL + 500ms), not stuck.
+func FairKilledWaiter(t *testing.T, d Deployment, queueTTL time.Duration, gone bool) {
 	key := "fair-killed"
 	holder := Open(t, d.URL)
 	lk, err := holder.TryAcquire(context.Background(), key)
@@ -274,11 +293,31 @@ func FairKilledWaiter(t *testing.T, d Deployment, queueTTL time.Duration) {
 		t.Fatalf("child: %q", lines.Text())
 	}
 	waitFor(t, 10*time.Second, "the child in the queue", func() bool { return d.queueLen(t, key) == 1 })
+	el := d.queueHead(t, key)
+	if sure := !strings.HasPrefix(el, "~"); sure != gone {
+		t.Fatalf("the child's queue element %q: want receiver-checked %v", el, gone)
+	}
 	next := queued(t, d, Open(t, d.URL), key, 2)
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
+	bound := queueTTL + 500*time.Millisecond
+	if gone {
+		// The server drops the dead process's subscription once it has
+		// read the closed connection.
+		wid, _, _ := strings.Cut(el, ":")
+		ch := rediscore.WakeChannel("", wid)
+		waitFor(t, 10*time.Second, "the server to drop the killed child's subscription", func() bool {
+			v, err := d.Servers[0].Do("PUBSUB", "NUMSUB", ch)
+			a, _ := v.([]any)
+			return err == nil && len(a) == 2 && a[1] == int64(0)
+		})
+		bound = time.Second
+		if queueTTL <= 2*bound {
+			t.Fatalf("queue_ttl %v too short to tell a skipped entry from a lapsed one", queueTTL)
+		}
+	}
 	released := time.Now()
 	if err := lk.Release(context.Background()); err != nil {
 		t.Fatal(err)
@@ -290,8 +329,8 @@ func FairKilledWaiter(t *testing.T, d Deployment, queueTTL time.Duration) {
 			t.FailNow()
 		}
 		t.Logf("next waiter granted %v after the release (queue_ttl %v)", took.Round(time.Millisecond), queueTTL)
-		if took > queueTTL+500*time.Millisecond {
-			t.Fatalf("next waiter granted %v after the release; want within queue_ttl %v (+500ms)", took, queueTTL)
+		if took > bound {
+			t.Fatalf("next waiter granted %v after the release; want within %v (queue_ttl %v)", took, bound, queueTTL)
 		}
 		_ = g.Release(context.Background())
 	case <-time.After(queueTTL + 5*time.Second):
@@ -350,8 +389,10 @@ func FairCutWaiter(t *testing.T, d Deployment, queueTTL time.Duration, px *fault
 }
 
 // Fair runs every fair-queue scenario on the driver whose URLs u spells:
-// order, cancellation, 64 waiters, a killed and a cut-off waiter on one
-// server (queue_ttl=600ms), and order on a Cluster and under Sentinel.
+// order, cancellation, 64 waiters, a killed waiter (skipped at once,
+// queue_ttl=5s) and a cut-off one (lapsed after queue_ttl=600ms) on one
+// server; order and a killed waiter (lapsed) on a Cluster; order under
+// Sentinel.
 func Fair(t *testing.T, u URLs) {
 	const queueTTL = 600 * time.Millisecond
 	q := "queue_ttl=600ms"
@@ -360,7 +401,9 @@ func Fair(t *testing.T, u URLs) {
 	t.Run("order", func(t *testing.T) { FairOrder(t, d, 6) })
 	t.Run("cancel", func(t *testing.T) { FairCancel(t, d) })
 	t.Run("64-waiters", func(t *testing.T) { FairMany(t, d, 64) })
-	t.Run("killed-waiter", func(t *testing.T) { FairKilledWaiter(t, d, queueTTL) })
+	t.Run("killed-waiter", func(t *testing.T) {
+		FairKilledWaiter(t, Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}, 5*time.Second, true)
+	})
 	t.Run("cut-waiter", func(t *testing.T) {
 		px, err := faultproxy.New(s.Addr)
 		if err != nil {
@@ -371,7 +414,9 @@ func Fair(t *testing.T, u URLs) {
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.StartCluster(t, 3)
-		FairOrder(t, Deployment{URL: With(u.Of(c.Addrs()...), "cluster=true", q), Servers: c.Masters}, 4)
+		cd := Deployment{URL: With(u.Of(c.Addrs()...), "cluster=true", q), Servers: c.Masters}
+		FairOrder(t, cd, 4)
+		t.Run("killed-waiter", func(t *testing.T) { FairKilledWaiter(t, cd, queueTTL, false) })
 	})
 	t.Run("sentinel", func(t *testing.T) {
 		sn := redistest.StartSentinel(t)
