@@ -206,8 +206,10 @@
 // the next waiter goes on (TestFair/cut-waiter; TestFair/cluster/
 // killed-waiter, 577–598ms with queue_ttl=600ms). So does the first wait
 // of a Locker whose wake channel could not be subscribed. A waiter whose
-// wake connection dropped can be skipped too; it joins again at the back
-// of the queue when its subscription is back. A cancelled wait removes
+// connection dropped is skipped too, and joins again at the back of the
+// queue when its subscription is back (TestFair/reset-waiter: connections
+// reset through a fault proxy; the next waiter granted within 1s, the
+// reset one after it). A cancelled wait removes
 // its entry at once and passes on a reservation it was given, leaving
 // nothing behind (TestFair/cancel). Tokens and the fencing rules are those
 // of every grant. Within one Locker, package locker queues its own callers

@@ -338,6 +338,88 @@ func FairKilledWaiter(t *testing.T, d Deployment, queueTTL time.Duration, gone b
 	}
 }
 
+// FairResetWaiter: the first waiter in line loses its connections (reset
+// through its fault proxy, which then refuses new ones) while the key is
+// held, so nobody listens on its wake channel any more. The release skips
+// it and grants the next waiter at once (within 1s; queueTTL, d.URL's
+// queue_ttl, must be longer). Once its connections are back the skipped
+// waiter joins the queue again and is granted after that waiter, never
+// while it holds the key. proxied opens a Locker through the proxy.
+func FairResetWaiter(t *testing.T, d Deployment, queueTTL time.Duration, px *faultproxy.Proxy, proxied string) {
+	key := "fair-reset"
+	holder := Open(t, d.URL)
+	lk, err := holder.TryAcquire(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resetl := Open(t, proxied)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type result struct {
+		lk  *locker.Lock
+		at  time.Time
+		err error
+	}
+	resetGot := make(chan result, 1)
+	go func() {
+		lk, err := resetl.Acquire(ctx, key, locker.WithTTL(10*time.Second))
+		resetGot <- result{lk, time.Now(), err}
+	}()
+	waitFor(t, 10*time.Second, "the first waiter in the queue", func() bool { return d.queueLen(t, key) == 1 })
+	el := d.queueHead(t, key)
+	next := queued(t, d, Open(t, d.URL), key, 2)
+	px.Refuse(true)
+	px.Reset()
+	wid, _, _ := strings.Cut(el, ":")
+	ch := rediscore.WakeChannel("", wid)
+	waitFor(t, 10*time.Second, "the server to drop the reset waiter's subscription", func() bool {
+		v, err := d.Servers[0].Do("PUBSUB", "NUMSUB", ch)
+		a, _ := v.([]any)
+		return err == nil && len(a) == 2 && a[1] == int64(0)
+	})
+	released := time.Now()
+	if err := lk.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var g *locker.Lock
+	select {
+	case g = <-next:
+		took := time.Since(released)
+		if g == nil {
+			t.FailNow()
+		}
+		t.Logf("next waiter granted %v after the release (queue_ttl %v)", took.Round(time.Millisecond), queueTTL)
+		if took > time.Second || queueTTL <= 2*time.Second {
+			t.Fatalf("next waiter granted %v after the release; want within 1s, queue_ttl (%v) over 2s", took, queueTTL)
+		}
+	case r := <-resetGot:
+		t.Fatalf("the reset waiter's Acquire returned (%v, %v) before the next waiter was granted", r.lk != nil, r.err)
+	case <-time.After(queueTTL + 5*time.Second):
+		t.Fatal("the waiter behind a reset one was never granted")
+	}
+	px.Refuse(false)
+	waitFor(t, 20*time.Second, "the reset waiter back in the queue", func() bool { return d.queueLen(t, key) == 1 })
+	select {
+	case r := <-resetGot:
+		t.Fatalf("the reset waiter's Acquire returned (%v, %v) while the next waiter holds the key", r.lk != nil, r.err)
+	default:
+	}
+	freed := time.Now()
+	if err := g.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-resetGot:
+		if r.err != nil {
+			t.Fatalf("the reset waiter: %v", r.err)
+		}
+		t.Logf("the reset waiter granted %v after the next one released", r.at.Sub(freed).Round(time.Millisecond))
+		_ = r.lk.Release(context.Background())
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reset waiter was not granted within 10s of the release")
+	}
+}
+
 // FairCutWaiter: the first waiter in line is cut off (its connections
 // blackholed by a fault proxy) when the holder releases; the lock reserved
 // for it lapses with its entry, and the next waiter is granted within
@@ -389,8 +471,9 @@ func FairCutWaiter(t *testing.T, d Deployment, queueTTL time.Duration, px *fault
 }
 
 // Fair runs every fair-queue scenario on the driver whose URLs u spells:
-// order, cancellation, 64 waiters, a killed waiter (skipped at once,
-// queue_ttl=5s) and a cut-off one (lapsed after queue_ttl=600ms) on one
+// order, cancellation, 64 waiters, a killed waiter and one whose
+// connections were reset (each skipped at once, queue_ttl=5s) and a
+// cut-off one (lapsed after queue_ttl=600ms) on one
 // server; order and a killed waiter (lapsed) on a Cluster; order under
 // Sentinel.
 func Fair(t *testing.T, u URLs) {
@@ -403,6 +486,15 @@ func Fair(t *testing.T, u URLs) {
 	t.Run("64-waiters", func(t *testing.T) { FairMany(t, d, 64) })
 	t.Run("killed-waiter", func(t *testing.T) {
 		FairKilledWaiter(t, Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}, 5*time.Second, true)
+	})
+	t.Run("reset-waiter", func(t *testing.T) {
+		px, err := faultproxy.New(s.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer px.Close()
+		FairResetWaiter(t, Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}, 5*time.Second, px,
+			With(u.Of(px.Addr()), "queue_ttl=5s", "dial_timeout=200ms"))
 	})
 	t.Run("cut-waiter", func(t *testing.T) {
 		px, err := faultproxy.New(s.Addr)
