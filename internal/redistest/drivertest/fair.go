@@ -263,6 +263,42 @@ func MaybeChild() {
 	os.Exit(0)
 }
 
+// waitUnheard waits until nobody listens on the wake channel of queue
+// element el on d's first server: the server has read the closed
+// connections of el's Locker.
+func waitUnheard(t *testing.T, d Deployment, el, what string) {
+	t.Helper()
+	wid, _, _ := strings.Cut(el, ":")
+	ch := rediscore.WakeChannel("", wid)
+	waitFor(t, 10*time.Second, "the server to drop "+what+"'s subscription", func() bool {
+		v, err := d.Servers[0].Do("PUBSUB", "NUMSUB", ch)
+		a, _ := v.([]any)
+		return err == nil && len(a) == 2 && a[1] == int64(0)
+	})
+}
+
+// grantedWithin waits for the waiter behind a failed one (next, queued
+// by queued) and fails unless it was granted within bound of released.
+// behind names the failed waiter in messages.
+func grantedWithin(t *testing.T, next <-chan *locker.Lock, released time.Time, bound, queueTTL time.Duration, behind string) *locker.Lock {
+	t.Helper()
+	select {
+	case g := <-next:
+		took := time.Since(released)
+		if g == nil {
+			t.FailNow()
+		}
+		t.Logf("next waiter granted %v after the release (queue_ttl %v)", took.Round(time.Millisecond), queueTTL)
+		if took > bound {
+			t.Fatalf("next waiter granted %v after the release; want within %v (queue_ttl %v)", took, bound, queueTTL)
+		}
+		return g
+	case <-time.After(queueTTL + 5*time.Second):
+		t.Fatalf("the waiter behind %s was never granted", behind)
+		return nil
+	}
+}
+
 // FairKilledWaiter: a waiter queued in another process is SIGKILLed while
 // first in line, then the holder releases. With gone (a single server or
 // Sentinel), the release sees that nobody listens on the dead waiter's
@@ -304,15 +340,7 @@ func FairKilledWaiter(t *testing.T, d Deployment, queueTTL time.Duration, gone b
 	_ = cmd.Wait()
 	bound := queueTTL + 500*time.Millisecond
 	if gone {
-		// The server drops the dead process's subscription once it has
-		// read the closed connection.
-		wid, _, _ := strings.Cut(el, ":")
-		ch := rediscore.WakeChannel("", wid)
-		waitFor(t, 10*time.Second, "the server to drop the killed child's subscription", func() bool {
-			v, err := d.Servers[0].Do("PUBSUB", "NUMSUB", ch)
-			a, _ := v.([]any)
-			return err == nil && len(a) == 2 && a[1] == int64(0)
-		})
+		waitUnheard(t, d, el, "the killed child")
 		bound = time.Second
 		if queueTTL <= 2*bound {
 			t.Fatalf("queue_ttl %v too short to tell a skipped entry from a lapsed one", queueTTL)
@@ -322,20 +350,8 @@ func FairKilledWaiter(t *testing.T, d Deployment, queueTTL time.Duration, gone b
 	if err := lk.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case g := <-next:
-		took := time.Since(released)
-		if g == nil {
-			t.FailNow()
-		}
-		t.Logf("next waiter granted %v after the release (queue_ttl %v)", took.Round(time.Millisecond), queueTTL)
-		if took > bound {
-			t.Fatalf("next waiter granted %v after the release; want within %v (queue_ttl %v)", took, bound, queueTTL)
-		}
-		_ = g.Release(context.Background())
-	case <-time.After(queueTTL + 5*time.Second):
-		t.Fatal("the waiter behind a killed one was never granted")
-	}
+	g := grantedWithin(t, next, released, bound, queueTTL, "a killed one")
+	_ = g.Release(context.Background())
 }
 
 // FairResetWaiter: the first waiter in line loses its connections (reset
@@ -370,33 +386,15 @@ func FairResetWaiter(t *testing.T, d Deployment, queueTTL time.Duration, px *fau
 	next := queued(t, d, Open(t, d.URL), key, 2)
 	px.Refuse(true)
 	px.Reset()
-	wid, _, _ := strings.Cut(el, ":")
-	ch := rediscore.WakeChannel("", wid)
-	waitFor(t, 10*time.Second, "the server to drop the reset waiter's subscription", func() bool {
-		v, err := d.Servers[0].Do("PUBSUB", "NUMSUB", ch)
-		a, _ := v.([]any)
-		return err == nil && len(a) == 2 && a[1] == int64(0)
-	})
+	waitUnheard(t, d, el, "the reset waiter")
+	if queueTTL <= 2*time.Second {
+		t.Fatalf("queue_ttl %v too short to tell a skipped entry from a lapsed one", queueTTL)
+	}
 	released := time.Now()
 	if err := lk.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	var g *locker.Lock
-	select {
-	case g = <-next:
-		took := time.Since(released)
-		if g == nil {
-			t.FailNow()
-		}
-		t.Logf("next waiter granted %v after the release (queue_ttl %v)", took.Round(time.Millisecond), queueTTL)
-		if took > time.Second || queueTTL <= 2*time.Second {
-			t.Fatalf("next waiter granted %v after the release; want within 1s, queue_ttl (%v) over 2s", took, queueTTL)
-		}
-	case r := <-resetGot:
-		t.Fatalf("the reset waiter's Acquire returned (%v, %v) before the next waiter was granted", r.lk != nil, r.err)
-	case <-time.After(queueTTL + 5*time.Second):
-		t.Fatal("the waiter behind a reset one was never granted")
-	}
+	g := grantedWithin(t, next, released, time.Second, queueTTL, "a reset one")
 	px.Refuse(false)
 	waitFor(t, 20*time.Second, "the reset waiter back in the queue", func() bool { return d.queueLen(t, key) == 1 })
 	select {
@@ -449,22 +447,13 @@ func FairCutWaiter(t *testing.T, d Deployment, queueTTL time.Duration, px *fault
 	if err := lk.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	g := grantedWithin(t, next, released, queueTTL+500*time.Millisecond, queueTTL, "a cut-off one")
 	select {
-	case g := <-next:
-		took := time.Since(released)
-		t.Logf("next waiter granted %v after the release (queue_ttl %v)", took.Round(time.Millisecond), queueTTL)
-		if took > queueTTL+500*time.Millisecond {
-			t.Fatalf("next waiter granted %v after the release; want within queue_ttl %v (+500ms)", took, queueTTL)
-		}
-		select {
-		case err := <-cutGot:
-			t.Fatalf("the cut-off waiter's Acquire returned (%v) while the next one holds the key", err)
-		default:
-		}
-		_ = g.Release(context.Background())
-	case <-time.After(queueTTL + 5*time.Second):
-		t.Fatal("the waiter behind a cut-off one was never granted")
+	case err := <-cutGot:
+		t.Fatalf("the cut-off waiter's Acquire returned (%v) while the next one holds the key", err)
+	default:
 	}
+	_ = g.Release(context.Background())
 	px.Heal()
 	cancel()
 	<-cutGot
