@@ -80,7 +80,9 @@ func parse(r io.Reader) (results, error) {
 // two benchmarks' ns/op run one after the other (over, set).
 type row struct {
 	label, bench, unit string
-	over               string // benchmark whose ns/op divides bench's, run by run
+	over               string // benchmark whose unit (overUnit if set) divides bench's, run by run
+	overUnit           string
+	plain              bool // a count, not a ratio: printed without "×"
 }
 
 type table struct {
@@ -123,6 +125,22 @@ var tables = []table{
 			{label: "go-redsync", bench: "bench/redis.BenchmarkInterleaved", unit: "redsync/raw"},
 		},
 	},
+	queueTable(),
+}
+
+// queueTable is the Redis fair queue under contention (go-redis,
+// BenchmarkQueue's fair runs and BenchmarkHandoffFloor in the same run).
+func queueTable() table {
+	t := table{title: "Redis fair queue under contention (go-redis; separate Lockers as separate processes, 5ms hold, steady state): client calls and fairness per acquisition, wake p50 over the raw pub/sub handoff floor's p50 run beside it"}
+	for _, n := range []string{"8", "32", "64"} {
+		b := "drivers/redis.BenchmarkQueue/fair-" + n
+		t.rows = append(t.rows,
+			row{label: n + " processes: client calls per acquisition", bench: b, unit: "calls/acq", plain: true},
+			row{label: n + " processes: fairness (fewest / most acquisitions of one Locker)", bench: b, unit: "fairness", plain: true},
+			row{label: n + " processes: wake p50 / floor's p50", bench: b, unit: "wake-p50-us", over: "drivers/redis.BenchmarkHandoffFloor", overUnit: "handoff-p50-us"},
+		)
+	}
+	return t
 }
 
 // values returns the ratios of r, one per run.
@@ -131,7 +149,11 @@ func (r row) values(res results) []float64 {
 	if r.over == "" {
 		return v
 	}
-	d := res[r.over][r.unit]
+	u := r.unit
+	if r.overUnit != "" {
+		u = r.overUnit
+	}
+	d := res[r.over][u]
 	var out []float64
 	for i := range min(len(v), len(d)) {
 		if d[i] != 0 {
@@ -153,7 +175,11 @@ func render(w io.Writer, res results) (missing []string) {
 				continue
 			}
 			lo, hi := slices.Min(v), slices.Max(v)
-			fmt.Fprintf(w, "| %s | %.2f× | %.2f–%.2f× | %d |\n", r.label, median(v), lo, hi, len(v))
+			x := "×"
+			if r.plain {
+				x = ""
+			}
+			fmt.Fprintf(w, "| %s | %.2f%s | %.2f–%.2f%s | %d |\n", r.label, median(v), x, lo, hi, x, len(v))
 		}
 	}
 	return missing

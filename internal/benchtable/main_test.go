@@ -15,6 +15,9 @@ pkg: github.com/go-locker/locker/drivers/file
 BenchmarkAcquireRelease
 BenchmarkAcquireRelease-2   	   10000	     30000 ns/op
 BenchmarkRawSyscalls-2      	   10000	     20000 ns/op
+pkg: github.com/go-locker/locker/drivers/redis
+BenchmarkHandoffFloor-2   	     400	   5552666 ns/op	       250.0 handoff-p50-us	       265.3 handoff-us
+BenchmarkQueue/fair-8-2   	     400	   6028804 ns/op	         3.998 calls/acq	         1.000 fairness	        27.00 server-cmds/acq	       500.0 wake-p50-us
 `
 
 func TestParseAndRender(t *testing.T) {
@@ -31,6 +34,8 @@ func TestParseAndRender(t *testing.T) {
 	for _, want := range []string{
 		"| Redis (go-redis): driver / raw SET NX PX + release script | 1.10× | 1.05–1.20× | 3 |",
 		"| file: driver / raw open+flock+read+write | 1.50× | 1.50–1.50× | 1 |",
+		"| 8 processes: client calls per acquisition | 4.00 | 4.00–4.00 | 1 |",
+		"| 8 processes: wake p50 / floor's p50 | 2.00× | 2.00–2.00× | 1 |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
