@@ -460,11 +460,11 @@ func FairCutWaiter(t *testing.T, d Deployment, queueTTL time.Duration, px *fault
 }
 
 // Fair runs every fair-queue scenario on the driver whose URLs u spells:
-// order, cancellation, 64 waiters, a killed waiter and one whose
-// connections were reset (each skipped at once, queue_ttl=5s) and a
-// cut-off one (lapsed after queue_ttl=600ms) on one
-// server; order and a killed waiter (lapsed) on a Cluster; order under
-// Sentinel.
+// on one server order, cancellation, 64 waiters, a killed waiter and one
+// whose connections were reset (each skipped at once, queue_ttl=5s) and a
+// cut-off one (lapsed after queue_ttl=600ms); on a Cluster order and a
+// killed waiter (lapsed); under Sentinel order and a killed waiter
+// (skipped).
 func Fair(t *testing.T, u URLs) {
 	const queueTTL = 600 * time.Millisecond
 	q := "queue_ttl=600ms"
@@ -501,6 +501,10 @@ func Fair(t *testing.T, u URLs) {
 	})
 	t.Run("sentinel", func(t *testing.T) {
 		sn := redistest.StartSentinel(t)
-		FairOrder(t, Deployment{URL: With(u.Of(sn.Sentinel.Addr), "sentinel_master="+sn.Name, q), Servers: []*redistest.Server{sn.Master}}, 4)
+		master := []*redistest.Server{sn.Master}
+		FairOrder(t, Deployment{URL: With(u.Of(sn.Sentinel.Addr), "sentinel_master="+sn.Name, q), Servers: master}, 4)
+		t.Run("killed-waiter", func(t *testing.T) {
+			FairKilledWaiter(t, Deployment{URL: With(u.Of(sn.Sentinel.Addr), "sentinel_master="+sn.Name, "queue_ttl=5s"), Servers: master}, 5*time.Second, true)
+		})
 	})
 }
