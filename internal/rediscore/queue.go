@@ -279,7 +279,9 @@ const (
 // AcquireWait implements driver.BlockingAcquirer: it waits until key is
 // granted to owner, queued on the server in arrival order (see the fair
 // queue above) when Queued, else barging (see bargeWait, with subscribe
-// for wake-ups). The uncontended path is one round trip. ctx bounds the
+// for wake-ups). The uncontended path is one round trip; the first wait
+// of a Node costs one more (it subscribes the wake channel between a
+// first attempt that does not join and one that does). ctx bounds the
 // wait; when it ends the call returns an error wrapping ctx.Err() (and the
 // last transient error, if any) and, in the background, leaves the queue
 // and frees a grant made meanwhile. The first attempt's error is returned
