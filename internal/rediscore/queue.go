@@ -373,22 +373,15 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 				return 0, n.p.ctxErr(ctx, "acquire", g.err)
 			}
 			lastErr = g.err
-			wait = jitter(retry)
-			retry = min(2*retry, retryMax)
+			wait = backoff(&retry)
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-wake:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		switch sleep(ctx, wake, n.done, wait) {
+		case ctxEnded:
 			n.background(func() { leave(grant{}) })
 			return 0, n.p.waitErr(ctx, "acquire", lastErr)
-		case <-n.done:
-			t.Stop()
+		case closedDone:
 			return 0, n.p.errorf("acquire: %w", driver.ErrClosed)
 		}
-		t.Stop()
 	}
 }
 
@@ -483,19 +476,43 @@ func (p prefix) bargeWait(ctx context.Context, acquire func(context.Context) (ui
 			return 0, err
 		default:
 			lastErr = err
-			wait = jitter(retry)
-			retry = min(2*retry, retryMax)
+			wait = backoff(&retry)
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-wake:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if sleep(ctx, wake, nil, wait) == ctxEnded {
 			return 0, p.waitErr(ctx, "acquire", lastErr)
 		}
-		t.Stop()
 	}
+}
+
+// How a sleep ended.
+const (
+	woken      = iota // by a wake-up or its timer
+	ctxEnded          // the caller's ctx is done
+	closedDone        // done was closed (the Node is closing)
+)
+
+// sleep waits d, or less if wake receives, ctx ends or done (nil: never)
+// is closed.
+func sleep(ctx context.Context, wake, done <-chan struct{}, d time.Duration) int {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-wake:
+	case <-t.C:
+	case <-ctx.Done():
+		return ctxEnded
+	case <-done:
+		return closedDone
+	}
+	return woken
+}
+
+// backoff returns the wait after a transient error, *retry jittered, and
+// doubles *retry up to retryMax.
+func backoff(retry *time.Duration) time.Duration {
+	d := jitter(*retry)
+	*retry = min(2**retry, retryMax)
+	return d
 }
 
 func drain(c <-chan struct{}) {
