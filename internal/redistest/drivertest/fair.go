@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"os"
 	"os/exec"
 	"strings"
@@ -236,6 +237,99 @@ func FairMany(t *testing.T, d Deployment, n int) {
 		t.Fatalf("%d holders at once", maxInside)
 	}
 	waitFor(t, 5*time.Second, "the queue keys to go", func() bool { return d.queueKeys(key) == 0 })
+}
+
+// FairChurn: n Lockers take one key over and over for about d, each wait
+// bounded by a random timeout of 1 to 20ms (so many waits are cancelled:
+// queued, reserved or just granted when their context ends) and each hold
+// random up to 2ms. Asserted: never two holders at once, fencing tokens
+// strictly increasing in grant order, some waits granted and some
+// cancelled, every Acquire error a context error, no gap of 1s between
+// grants, nor after the last one (d.URL should set a queue_ttl over 2s: a hand-over missed by a
+// cancelled wait would then show as a reservation lapsing), and no queue
+// key or lock left at the end.
+func FairChurn(t *testing.T, d Deployment, n int, dur time.Duration) {
+	key := "fair-churn"
+	lockers := make([]*locker.Locker, n)
+	for i := range lockers {
+		lockers[i] = Open(t, d.URL)
+	}
+	var (
+		mu              sync.Mutex
+		inside          bool
+		last            uint64
+		grants, cancels int
+		lastAt          time.Time
+		maxGap          time.Duration
+		wg              sync.WaitGroup
+		end             = time.Now().Add(dur)
+	)
+	for i, l := range lockers {
+		wg.Go(func() {
+			r := mrand.New(mrand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))
+			for time.Now().Before(end) && !t.Failed() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+r.IntN(20))*time.Millisecond)
+				lk, err := l.Acquire(ctx, key, locker.WithTTL(10*time.Second))
+				cancel()
+				if err != nil {
+					if !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("Acquire: %v", err)
+						return
+					}
+					mu.Lock()
+					cancels++
+					mu.Unlock()
+					continue
+				}
+				mu.Lock()
+				if inside {
+					t.Errorf("two holders at once (token %d)", lk.Token())
+				}
+				if lk.Token() <= last {
+					t.Errorf("token %d after %d", lk.Token(), last)
+				}
+				inside, last = true, lk.Token()
+				now := time.Now()
+				if grants > 0 {
+					maxGap = max(maxGap, now.Sub(lastAt))
+				}
+				lastAt = now
+				grants++
+				mu.Unlock()
+				time.Sleep(time.Duration(r.IntN(2000)) * time.Microsecond) // the critical section
+				mu.Lock()
+				inside = false
+				mu.Unlock()
+				if err := lk.Release(context.Background()); err != nil {
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if grants > 0 {
+		maxGap = max(maxGap, end.Sub(lastAt)) // the waits went on until end
+	}
+	t.Logf("%d grants, %d cancelled waits, longest gap between grants %v", grants, cancels, maxGap.Round(time.Millisecond))
+	if grants == 0 || cancels == 0 {
+		t.Fatalf("%d grants and %d cancelled waits: want some of each", grants, cancels)
+	}
+	if maxGap > time.Second {
+		t.Fatalf("%v between two grants: a hand-over was missed", maxGap)
+	}
+	lock, _, _ := rediscore.Keys("", key)
+	waitFor(t, 10*time.Second, "the queue keys and the lock to go", func() bool {
+		if d.queueKeys(key) != 0 {
+			return false
+		}
+		for _, s := range d.Servers {
+			if v, err := s.Do("EXISTS", lock); err != nil || v != int64(0) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // Child process support for FairKilledWaiter.
@@ -473,6 +567,9 @@ func Fair(t *testing.T, u URLs) {
 	t.Run("order", func(t *testing.T) { FairOrder(t, d, 6) })
 	t.Run("cancel", func(t *testing.T) { FairCancel(t, d) })
 	t.Run("64-waiters", func(t *testing.T) { FairMany(t, d, 64) })
+	t.Run("churn", func(t *testing.T) {
+		FairChurn(t, Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}, 12, 3*time.Second)
+	})
 	t.Run("killed-waiter", func(t *testing.T) {
 		FairKilledWaiter(t, Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}, 5*time.Second, true)
 	})
