@@ -407,6 +407,8 @@ func BenchmarkLeaseTableGrowth(b *testing.B) {
 //	full           the driver's two statements, as Acquire and Release send them
 //	noapp          without publishing the holder in application_name
 //	noapp-noist    without that and without arming idle_session_timeout
+//	noapp-noist-nowal  without those and without the check that the token
+//	               is durable (a WAL flush when the WAL is behind)
 //	floor+nextval  pg_advisory_lock with nextval of the token sequence, and
 //	               pg_advisory_unlock
 //	floor          pg_advisory_lock and pg_advisory_unlock
@@ -425,7 +427,12 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 	full := d.sql.acquire[0][0]
 	noApp := strings.Replace(full, "|| set_config('application_name', 'lk/' || to_hex(t.tok) || '/' || $4 || '/' || $5, false)", "|| $4 || $5", 1)
 	noIST := strings.Replace(noApp, "set_config('idle_session_timeout', $3, false)", "$3", 1)
-	if noApp == full || noIST == noApp {
+	walCheck := `|| CASE WHEN t.logged OR pg_current_wal_flush_lsn() < t.lsn THEN
+			CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'local', true) ELSE '' END
+			|| CASE WHEN NOT t.logged THEN pg_logical_emit_message(true, 'locker', '')::text ELSE '' END
+		ELSE '' END`
+	noWAL := strings.Replace(noIST, walCheck, "", 1)
+	if noApp == full || noIST == noApp || noWAL == noIST {
 		b.Fatal("replace failed")
 	}
 	rel := d.sql.release
@@ -435,7 +442,7 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 		name     string
 		acq, rel string
 	}
-	vs := []variant{{"full", full, rel}, {"noapp", noApp, relNoApp}, {"noapp-noist", noIST, relBare}, {"floor", "", ""}, {"floor+nextval", "N", ""}}
+	vs := []variant{{"full", full, rel}, {"noapp", noApp, relNoApp}, {"noapp-noist", noIST, relBare}, {"noapp-noist-nowal", noWAL, relBare}, {"floor", "", ""}, {"floor+nextval", "N", ""}}
 	t := make([]time.Duration, len(vs))
 	pid := conn.PgConn().PID()
 	i := 0
