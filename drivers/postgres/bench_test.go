@@ -401,9 +401,11 @@ func BenchmarkLeaseTableGrowth(b *testing.B) {
 }
 
 // BenchmarkAdvisoryStatements splits advisory mode's cost over its floor:
-// on one pinned connection, in an order that rotates every iteration, it
-// times acquire+release as
+// on one server connection (the driver's pool holds just one, and every
+// variant runs on it), in an order that rotates every iteration, it times
+// acquire+release as
 //
+//	driver         the driver's Acquire and Release (pool and Go included)
 //	full           the driver's two statements, as Acquire and Release send them
 //	noapp          without publishing the holder in application_name
 //	noapp-noist    without that and without arming idle_session_timeout
@@ -413,16 +415,17 @@ func BenchmarkLeaseTableGrowth(b *testing.B) {
 //	               pg_advisory_unlock
 //	floor          pg_advisory_lock and pg_advisory_unlock
 //
-// (us per acquire+release). The gap between full and floor+nextval is what
-// the TTL, the holder's publication and the durable-token check cost; the
-// gap between BenchmarkUncontendedInterleaved's driver and full is the
-// driver's own work and the pool.
+// (us per acquire+release). The raw variants take the connection from the
+// pool before their clock starts and give it back after it stops.
 func BenchmarkAdvisoryStatements(b *testing.B) {
 	url := serverURL(b)
 	ctx := context.Background()
 	key := fmt.Sprintf("bench/statements/%d", time.Now().UnixNano())
-	d := openT(b, url)
-	conn := rawConn(b, url)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	d := openT(b, url+sep+"pool_max_conns=1")
 	adv := AdvisoryKey("bench-floor", key)
 	full := d.sql.acquire[0][0]
 	noApp := strings.Replace(full, "|| set_config('application_name', 'lk/' || to_hex(t.tok) || '/' || $4 || '/' || $5, false)", "|| $4 || $5", 1)
@@ -442,14 +445,30 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 		name     string
 		acq, rel string
 	}
-	vs := []variant{{"full", full, rel}, {"noapp", noApp, relNoApp}, {"noapp-noist", noIST, relBare}, {"noapp-noist-nowal", noWAL, relBare}, {"floor", "", ""}, {"floor+nextval", "N", ""}}
+	vs := []variant{{"driver", "D", ""}, {"full", full, rel}, {"noapp", noApp, relNoApp}, {"noapp-noist", noIST, relBare}, {"noapp-noist-nowal", noWAL, relBare}, {"floor", "", ""}, {"floor+nextval", "N", ""}}
 	t := make([]time.Duration, len(vs))
-	pid := conn.PgConn().PID()
 	i := 0
 	for b.Loop() {
 		i++
 		for j := range vs {
 			v := vs[(i+j)%len(vs)]
+			if v.acq == "D" {
+				t0 := time.Now()
+				if _, err := d.Acquire(ctx, key, "owner", 10*time.Second); err != nil {
+					b.Fatal(err)
+				}
+				if err := d.Release(ctx, key, "owner"); err != nil {
+					b.Fatal(err)
+				}
+				t[(i+j)%len(vs)] += time.Since(t0)
+				continue
+			}
+			pc, err := d.pool.Acquire(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			conn := pc.Conn()
+			pid := conn.PgConn().PID()
 			t0 := time.Now()
 			if v.acq == "N" {
 				if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1), nextval('public.locker_token_seq'::regclass)`, adv); err != nil {
@@ -479,6 +498,7 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 				}
 			}
 			t[(i+j)%len(vs)] += time.Since(t0)
+			pc.Release()
 		}
 	}
 	n := float64(b.N)
