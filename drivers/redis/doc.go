@@ -87,10 +87,13 @@
 //
 // # Watching a held lock
 //
-// The Locker implements driver.HoldWatcher on a single server and on a
-// Sentinel master (Lockers from Open). Each held key is read on a
+// The Locker implements driver.HoldWatcher on a single server, a Cluster
+// and a Sentinel master (Lockers from Open). Each held key is read on a
 // dedicated connection with CLIENT TRACKING ON REDIRECT to a second, RESP2
-// connection subscribed to __redis__:invalidate; the server then sends an
+// connection subscribed to __redis__:invalidate, on the server that
+// serves the key (on a Cluster, one such pair per master, opened when a
+// watched key is first read there; TestHoldWatch/cluster, conformance
+// Driver/HoldWatcher on TestConformanceCluster); the server then sends an
 // invalidation when the key is deleted, expires, is evicted or is
 // written, and the watch reads the key again (re-arming the tracking) and
 // reports the grant lost only if the value no longer is the grant's
@@ -102,11 +105,12 @@
 // pub/sub messages (PayloadSlice). The tracking connection is pinged every
 // second, so a broken one is replaced and its keys re-read (TestHoldWatch
 // "watch connection killed" asserts within 10s); a new subscriber connection (a new CLIENT ID) replaces the
-// tracking connection at once. Two extra connections per Locker, opened
-// with the first watch.
+// tracking connection at once; a subscriber connection that fails makes
+// every key be read again, on the server that serves it then. Two extra
+// connections per Locker (per Cluster master), opened with the first
+// watch there.
 //
-// Not watched: Cluster (tracking is per node, and go-redis gives no
-// per-node connection to hold it), Redlock (a grant is a quorum, so one
+// Not watched: Redlock (a grant is a quorum, so one
 // node's change is not a loss; counting per-node invalidations is not
 // built), and adopted clients (New, NewRedlock). WatchHold returns an
 // error there and package locker relies on renewal alone.

@@ -24,13 +24,88 @@ const invalidateChannel = "__redis__:invalidate"
 // its tracked keys, so every watched key is read again.
 const trackerPing = time.Second
 
-// tracker runs the two connections hold watching needs: a RESP2 pub/sub
-// connection subscribed to __redis__:invalidate, and a tracking connection
-// (CLIENT TRACKING ON REDIRECT <the subscriber's id>) on which the watched
-// keys are read. go-redis offers no hook for RESP3 push messages on an
-// idle connection, so the invalidations are redirected to a subscriber,
-// which go-redis reads as ordinary pub/sub messages.
+// tracker watches the holds of a go-redis Locker through one nodeTracker
+// per server that holds lock keys: the single server or the Sentinel
+// master, or each Cluster master, made when a watched key is first read
+// there. All of them report to one HoldWatch.
 type tracker struct {
+	hold *rediscore.HoldWatch
+	// newNode makes the nodeTracker of a server (addr is "" outside a
+	// Cluster).
+	newNode func(addr string) *nodeTracker
+	// route names the Cluster master serving a lock key; nil outside a
+	// Cluster.
+	route func(ctx context.Context, lock string) (addr string, err error)
+
+	mu     sync.Mutex
+	nodes  map[string]*nodeTracker
+	closed bool
+}
+
+// newTracker returns the tracker of a single server or Sentinel master:
+// newClient makes a one-connection client to it.
+func newTracker(newClient func(func(context.Context, *redis.Conn) error, bool) *redis.Client, prefix string) *tracker {
+	return newRoutedTracker(func(string) func(func(context.Context, *redis.Conn) error, bool) *redis.Client { return newClient }, nil, prefix)
+}
+
+// newRoutedTracker returns a tracker whose keys are read on the server
+// route names (every key on one server when route is nil); clientFor(addr)
+// makes one-connection clients to that server.
+func newRoutedTracker(clientFor func(addr string) func(func(context.Context, *redis.Conn) error, bool) *redis.Client,
+	route func(ctx context.Context, lock string) (string, error), prefix string) *tracker {
+	t := &tracker{route: route, nodes: map[string]*nodeTracker{}}
+	t.hold = rediscore.NewHoldWatch(t.read, prefix)
+	t.newNode = func(addr string) *nodeTracker {
+		return &nodeTracker{newClient: clientFor(addr), hold: t.hold, ready: make(chan struct{}), done: make(chan struct{})}
+	}
+	return t
+}
+
+// read is the HoldWatch's reader: GET of lock on the tracking connection
+// of the server serving it.
+func (t *tracker) read(ctx context.Context, lock string) (string, bool, error) {
+	addr := ""
+	if t.route != nil {
+		a, err := t.route(ctx, lock)
+		if err != nil {
+			return "", false, err
+		}
+		addr = a
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return "", false, fmt.Errorf("redis: %w", driver.ErrClosed)
+	}
+	n := t.nodes[addr]
+	if n == nil {
+		n = t.newNode(addr)
+		t.nodes[addr] = n
+	}
+	t.mu.Unlock()
+	return n.read(ctx, lock)
+}
+
+// close ends every watch and closes every server's connections.
+func (t *tracker) close() {
+	t.hold.Close()
+	t.mu.Lock()
+	t.closed = true
+	nodes := t.nodes
+	t.nodes = map[string]*nodeTracker{}
+	t.mu.Unlock()
+	for _, n := range nodes {
+		n.close()
+	}
+}
+
+// nodeTracker runs the two connections hold watching needs on one server:
+// a RESP2 pub/sub connection subscribed to __redis__:invalidate, and a
+// tracking connection (CLIENT TRACKING ON REDIRECT <the subscriber's id>)
+// on which the watched keys are read. go-redis offers no hook for RESP3
+// push messages on an idle connection, so the invalidations are redirected
+// to a subscriber, which go-redis reads as ordinary pub/sub messages.
+type nodeTracker struct {
 	newClient func(onConnect func(context.Context, *redis.Conn) error, resp2 bool) *redis.Client
 	hold      *rediscore.HoldWatch
 
@@ -47,14 +122,8 @@ type tracker struct {
 	wg      sync.WaitGroup
 }
 
-func newTracker(newClient func(func(context.Context, *redis.Conn) error, bool) *redis.Client, prefix string) *tracker {
-	t := &tracker{newClient: newClient, ready: make(chan struct{}), done: make(chan struct{})}
-	t.hold = rediscore.NewHoldWatch(t.read, prefix)
-	return t
-}
-
 // start opens the subscriber and the receive loop, once.
-func (t *tracker) start() {
+func (t *nodeTracker) start() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.started || t.closed {
@@ -76,7 +145,7 @@ func (t *tracker) start() {
 }
 
 // tracking returns the tracking client, creating it if need be.
-func (t *tracker) tracking() (*redis.Client, error) {
+func (t *nodeTracker) tracking() (*redis.Client, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -92,7 +161,7 @@ func (t *tracker) tracking() (*redis.Client, error) {
 // redirect their invalidations to the subscriber. A connection made after
 // the first has lost the tracked keys of the one it replaces, so it makes
 // every watched key be read again.
-func (t *tracker) newTrackingClient() *redis.Client {
+func (t *nodeTracker) newTrackingClient() *redis.Client {
 	var conns atomic.Int64
 	return t.newClient(func(ctx context.Context, cn *redis.Conn) error {
 		id := t.subID.Load()
@@ -109,9 +178,9 @@ func (t *tracker) newTrackingClient() *redis.Client {
 	}, false)
 }
 
-// read is the HoldWatch's reader: GET on the tracking connection, once the
-// subscriber is confirmed.
-func (t *tracker) read(ctx context.Context, lock string) (string, bool, error) {
+// read is GET of lock on the tracking connection, once the subscriber is
+// confirmed.
+func (t *nodeTracker) read(ctx context.Context, lock string) (string, bool, error) {
 	t.start()
 	select {
 	case <-t.ready:
@@ -133,13 +202,20 @@ func (t *tracker) read(ctx context.Context, lock string) (string, bool, error) {
 // keys; a flush (no keys) marks every key. When go-redis re-subscribes on a
 // new connection (a new CLIENT ID), the tracking client is replaced, so
 // that it redirects to the new one, and every watched key is read again.
-func (t *tracker) receive(ps *redis.PubSub) {
+func (t *nodeTracker) receive(ps *redis.PubSub) {
 	defer t.wg.Done()
-	confirmed := false
+	confirmed, failing := false, false
 	backoff := 10 * time.Millisecond
 	for {
 		m, err := ps.Receive(context.Background())
 		if err != nil {
+			if !failing {
+				// The server may be gone for good (a Cluster master
+				// replaced by a failover): read every key again, on the
+				// server that serves it now.
+				failing = true
+				t.hold.Reset()
+			}
 			select {
 			case <-t.done:
 				return
@@ -148,7 +224,7 @@ func (t *tracker) receive(ps *redis.PubSub) {
 			backoff = min(2*backoff, time.Second)
 			continue
 		}
-		backoff = 10 * time.Millisecond
+		backoff, failing = 10*time.Millisecond, false
 		switch m := m.(type) {
 		case *redis.Subscription:
 			if m.Kind != "subscribe" || m.Channel != invalidateChannel {
@@ -182,7 +258,7 @@ func (t *tracker) receive(ps *redis.PubSub) {
 
 // pinger checks the tracking connection every trackerPing, so a broken one
 // is replaced (and the keys re-read) within about that time.
-func (t *tracker) pinger() {
+func (t *nodeTracker) pinger() {
 	defer t.wg.Done()
 	tick := time.NewTicker(trackerPing)
 	defer tick.Stop()
@@ -203,9 +279,9 @@ func (t *tracker) pinger() {
 	}
 }
 
-// close ends every watch and closes the tracker's connections.
-func (t *tracker) close() {
-	t.hold.Close()
+// close closes the server's connections (the tracker has closed the
+// HoldWatch).
+func (t *nodeTracker) close() {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()

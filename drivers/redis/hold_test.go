@@ -9,8 +9,8 @@ import (
 // A lock's key deleted or overwritten behind its holder's back closes
 // Lost() within holdtest.Bound (100ms); the holder's own refreshes do not;
 // a killed watch connection is not a loss and is re-established.
-// go-redis watches single servers and Sentinel masters.
-func TestHoldWatch(t *testing.T) { holdtest.Modes(t, urlOf, false) }
+// go-redis watches single servers, Cluster masters and Sentinel masters.
+func TestHoldWatch(t *testing.T) { holdtest.Modes(t, urlOf, true) }
 
 // A lock key evicted under memory pressure (allow_eviction=true) closes
 // Lost() within holdtest.Bound.

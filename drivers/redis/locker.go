@@ -123,8 +123,18 @@ func Open(dsn string) (*Locker, error) {
 		}
 	} else {
 		clients = []redis.UniversalClient{c.client()}
-		if c.Mode() == "single" || c.Mode() == "sentinel" {
+		switch c.Mode() {
+		case "single", "sentinel":
 			tr = newTracker(c.watchClient, c.Options.Prefix)
+		case "cluster":
+			cc := clients[0].(*redis.ClusterClient)
+			tr = newRoutedTracker(c.watchClientAt, func(ctx context.Context, lock string) (string, error) {
+				n, err := cc.MasterForKey(ctx, lock)
+				if err != nil {
+					return "", err
+				}
+				return n.Options().Addr, nil
+			}, c.Options.Prefix)
 		}
 	}
 	l := newLocker(clients, c.Options, true, tr)
@@ -182,7 +192,7 @@ func newLocker(clients []redis.UniversalClient, o Options, owns bool, tr *tracke
 	}
 	cfg := rediscore.LockerConfig{
 		Name: "redis", Conns: conns, Options: o, Waiter: w,
-		HoldNeeds: "a Locker from Open on a single server or a Sentinel master",
+		HoldNeeds: "a Locker from Open on a single server, a Cluster or a Sentinel master",
 	}
 	if tr != nil {
 		cfg.Hold = tr.hold

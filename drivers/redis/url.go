@@ -139,7 +139,18 @@ func (c *config) watchClient(onConnect func(context.Context, *redis.Conn) error,
 			OnConnect: onConnect,
 		})
 	}
-	o := c.nodeOptions(c.Addrs[0])
-	o.PoolSize, o.Protocol, o.OnConnect = 1, proto, onConnect
-	return redis.NewClient(o)
+	return c.watchClientAt(c.Addrs[0])(onConnect, resp2)
+}
+
+// watchClientAt returns watchClient for the server at addr (a Cluster
+// master).
+func (c *config) watchClientAt(addr string) func(func(context.Context, *redis.Conn) error, bool) *redis.Client {
+	return func(onConnect func(context.Context, *redis.Conn) error, resp2 bool) *redis.Client {
+		o := c.nodeOptions(addr)
+		o.PoolSize, o.Protocol, o.OnConnect = 1, 3, onConnect
+		if resp2 {
+			o.Protocol = 2
+		}
+		return redis.NewClient(o)
+	}
 }
