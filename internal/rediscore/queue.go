@@ -7,6 +7,7 @@ import (
 	"errors"
 	mrand "math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -112,11 +113,13 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local head = redis.call('LINDEX', KEYS[3], 0)
 local e
+local dropped = false
 while head do
   e = tonumber(redis.call('ZSCORE', KEYS[4], head))
   if e and e > now then break end
   redis.call('LPOP', KEYS[3])
   redis.call('ZREM', KEYS[4], head)
+  dropped = true
   if v == 'q:' .. head then
     redis.call('DEL', KEYS[1])
     v = nil
@@ -127,8 +130,14 @@ if v == 'q:' .. el or (not v and (not head or head == el)) then
   if head then
     redis.call('ZREM', KEYS[4], el)
     redis.call('LREM', KEYS[3], 1, el)
+    local tok = grant(t)
+    nudge(KEYS[3], ARGV[6], ARGV[2])
+    return tok
   end
   return grant(t)
+end
+if dropped and head and head ~= el and v and string.sub(v, 1, 2) ~= 'q:' then
+  nudge(KEYS[3], ARGV[6], redis.call('PTTL', KEYS[1]))
 end
 if ARGV[7] ~= '1' then
   return redis.call('PTTL', KEYS[1])
@@ -147,7 +156,9 @@ if not v then
   if who == 'self' then
     redis.call('ZREM', KEYS[4], el)
     redis.call('LREM', KEYS[3], 1, el)
-    return grant(t)
+    local tok = grant(t)
+    nudge(KEYS[3], ARGV[6], ARGV[2])
+    return tok
   end
   return left
 end
@@ -156,18 +167,34 @@ return e - now
 
 // LeaveScript takes a waiter out of the queue (a cancelled or failed
 // wait). If the lock was reserved for it, the reservation goes to the next
-// live waiter, or the lock is freed (see ReleaseScript).
+// live waiter, or the lock is freed (see ReleaseScript). If it was first in
+// line, the new first waiter is given a free lock (see reserveLua) or told
+// how long the holder has left (nudge).
 //
 //	KEYS[1] lock key, KEYS[2] queue list, KEYS[3] queue expiries
 //	ARGV[1] element, ARGV[2] the key's channel, ARGV[3] wake channel prefix
 //
 // Reply: 1 when a reservation was passed on, else 0.
 var LeaveScript = newScript("leave", handoffLua+`
+local first = redis.call('LINDEX', KEYS[2], 0) == ARGV[1]
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('LREM', KEYS[2], 1, ARGV[1])
-if redis.call('GET', KEYS[1]) == 'q:' .. ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v == 'q:' .. ARGV[1] then
   handoff()
   return 1
+end
+if first then
+  if not v then
+    local h = redis.call('LINDEX', KEYS[2], 0)
+    if h then
+      local t = redis.call('TIME')
+      reserve(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), h, KEYS[2], KEYS[3], ARGV[3], nil)
+    end
+  elseif string.sub(v, 1, 2) ~= 'q:' then
+    local p = redis.call('PTTL', KEYS[1])
+    if p > 0 then nudge(KEYS[2], ARGV[3], p) end
+  end
 end
 return 0
 `)
@@ -198,9 +225,20 @@ type router struct {
 	byKey map[string]*waitSet
 }
 
-type waitSet struct{ chans map[chan struct{}]struct{} }
+type waitSet struct{ waiters map[*queueWaiter]struct{} }
 
-func (r *router) add(lock string, c chan struct{}) (remove func()) {
+// queueWaiter is what one waiting call receives: wake (look again now) and
+// rearm (look again after this long, unless sooner anyway).
+type queueWaiter struct {
+	wake  chan struct{}
+	rearm chan time.Duration
+}
+
+func newQueueWaiter() *queueWaiter {
+	return &queueWaiter{wake: make(chan struct{}, 1), rearm: make(chan time.Duration, 1)}
+}
+
+func (r *router) add(lock string, q *queueWaiter) (remove func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.byKey == nil {
@@ -208,35 +246,60 @@ func (r *router) add(lock string, c chan struct{}) (remove func()) {
 	}
 	w := r.byKey[lock]
 	if w == nil {
-		w = &waitSet{chans: map[chan struct{}]struct{}{}}
+		w = &waitSet{waiters: map[*queueWaiter]struct{}{}}
 		r.byKey[lock] = w
 	}
-	w.chans[c] = struct{}{}
+	w.waiters[q] = struct{}{}
 	return func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		delete(w.chans, c)
-		if len(w.chans) == 0 && r.byKey[lock] == w {
+		delete(w.waiters, q)
+		if len(w.waiters) == 0 && r.byKey[lock] == w {
 			delete(r.byKey, lock)
 		}
 	}
 }
 
-// deliver wakes the waiters of lock, or every waiter for "".
-func (r *router) deliver(lock string) {
+// deliver handles a message of the wake channel: "<lock>" wakes the
+// waiters of lock, "<lock> <ms>" (nudge) re-arms them to look again after
+// ms, and "" wakes every waiter.
+func (r *router) deliver(payload string) {
+	lock, hint, nudged := strings.Cut(payload, " ")
+	var d time.Duration
+	if nudged {
+		ms, err := strconv.ParseInt(hint, 10, 64)
+		if err != nil || ms < 0 {
+			nudged = false // not ours to parse: look again now
+		} else {
+			d = time.Duration(ms)*time.Millisecond + expirySlack + mrand.N(expirySlack)
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if lock != "" {
-		if w := r.byKey[lock]; w != nil {
-			for c := range w.chans {
-				notify(c)
+	if lock == "" {
+		for _, w := range r.byKey {
+			for q := range w.waiters {
+				notify(q.wake)
 			}
 		}
 		return
 	}
-	for _, w := range r.byKey {
-		for c := range w.chans {
-			notify(c)
+	w := r.byKey[lock]
+	if w == nil {
+		return
+	}
+	for q := range w.waiters {
+		if !nudged {
+			notify(q.wake)
+			continue
+		}
+		select { // the latest hint replaces one not yet taken
+		case <-q.rearm:
+		default:
+		}
+		select {
+		case q.rearm <- d:
+		default:
 		}
 	}
 }
@@ -325,13 +388,14 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 		defer cancel()
 		_, _ = n.c.Run(lctx, LeaveScript, []string{lock, ql, qz}, el, ch, prefix)
 	}
-	wake := make(chan struct{}, 1)
-	defer n.route.add(lock, wake)()
+	qw := newQueueWaiter()
+	defer n.route.add(lock, qw)()
 	beat := n.o.QueueTTL / 2
 	retry := retryMin
 	var lastErr error
 	for first := true; ; first = false {
-		drain(wake)
+		drain(qw.wake)
+		drainDur(qw.rearm)
 		v, err, abandoned := n.runDetached(ctx, QueueAcquireScript, keys, args, leave)
 		if abandoned {
 			return 0, n.p.waitErr(ctx, "acquire", lastErr)
@@ -375,7 +439,7 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 			lastErr = g.err
 			wait = backoff(&retry)
 		}
-		switch sleep(ctx, wake, n.done, wait) {
+		switch sleep(ctx, qw.wake, qw.rearm, n.done, wait) {
 		case ctxEnded:
 			n.background(func() { leave(grant{}) })
 			return 0, n.p.waitErr(ctx, "acquire", lastErr)
@@ -478,7 +542,7 @@ func (p prefix) bargeWait(ctx context.Context, acquire func(context.Context) (ui
 			lastErr = err
 			wait = backoff(&retry)
 		}
-		if sleep(ctx, wake, nil, wait) == ctxEnded {
+		if sleep(ctx, wake, nil, nil, wait) == ctxEnded {
 			return 0, p.waitErr(ctx, "acquire", lastErr)
 		}
 	}
@@ -492,19 +556,39 @@ const (
 )
 
 // sleep waits d, or less if wake receives, ctx ends or done (nil: never)
-// is closed.
-func sleep(ctx context.Context, wake, done <-chan struct{}, d time.Duration) int {
+// is closed; a duration received on rearm (nil: none) ends it that long
+// after, if that is sooner.
+func sleep(ctx context.Context, wake <-chan struct{}, rearm <-chan time.Duration, done <-chan struct{}, d time.Duration) int {
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-wake:
-	case <-t.C:
-	case <-ctx.Done():
-		return ctxEnded
-	case <-done:
-		return closedDone
+	until := time.Now().Add(d)
+	for {
+		select {
+		case <-wake:
+		case <-t.C:
+		case r := <-rearm:
+			if at := time.Now().Add(r); at.Before(until) {
+				until = at
+				t.Reset(r)
+			}
+			continue
+		case <-ctx.Done():
+			return ctxEnded
+		case <-done:
+			return closedDone
+		}
+		return woken
 	}
-	return woken
+}
+
+func drainDur(c <-chan time.Duration) {
+	for {
+		select {
+		case <-c:
+		default:
+			return
+		}
+	}
 }
 
 // backoff returns the wait after a transient error, *retry jittered, and

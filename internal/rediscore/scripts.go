@@ -112,6 +112,12 @@ return 0
 // Reply: "other" and the reservation's life in ms when reserved, "self"
 // when the walk reached the caller's own element (nothing is reserved:
 // the caller takes the lock), nil when nobody live is left.
+//
+// nudge(l, wake, ms) tells the first waiter of the list l, which became
+// first without being woken (the one before it was granted the lock or
+// left), that the lock is held for ms more: the message "<lock> <ms>" on
+// its wake channel sets its next look to then, with no round trip, so
+// that it notices at once a holder that stops renewing.
 const reserveLua = `
 local function reserve(now, h, l, z, wake, self)
   while h do
@@ -132,6 +138,16 @@ local function reserve(now, h, l, z, wake, self)
     h = redis.call('LINDEX', l, 0)
   end
   return nil, 0
+end
+
+local function nudge(l, wake, ms)
+  local h = redis.call('LINDEX', l, 0)
+  if h then
+    local i = string.find(h, ':', 1, true)
+    local w = string.sub(h, 1, i - 1)
+    if string.sub(w, 1, 1) == '~' then w = string.sub(w, 2) end
+    redis.call('PUBLISH', wake .. w, KEYS[1] .. ' ' .. ms)
+  end
 end
 `
 

@@ -239,6 +239,100 @@ func FairMany(t *testing.T, d Deployment, n int) {
 	waitFor(t, 5*time.Second, "the queue keys to go", func() bool { return d.queueKeys(key) == 0 })
 }
 
+// FairHeadTakesOver: a waiter that becomes first in line without being
+// woken (the one before it was granted the key, or left) is told how long
+// the holder has, so it takes over right after a holder that stops
+// renewing, not at its next heartbeat (queue_ttl/2, over 1s here). Twice,
+// with TTL 300ms and the holder cut off through px (proxied opens a Locker
+// through it): the first in line is granted and cut off, then the first
+// in line leaves and the holder is cut off. Each time the waiter behind it
+// must be granted within TTL + 300ms of the cut.
+func FairHeadTakesOver(t *testing.T, d Deployment, queueTTL time.Duration, px *faultproxy.Proxy, proxied string) {
+	const ttl = 300 * time.Millisecond
+	if queueTTL < 3*time.Second {
+		t.Fatalf("queue_ttl %v: want at least 3s, so that a heartbeat cannot pass for the nudge", queueTTL)
+	}
+	bound := ttl + 300*time.Millisecond
+	type result struct {
+		lk  *locker.Lock
+		err error
+	}
+	wait := func(l *locker.Locker, key string, ctx context.Context) <-chan result {
+		c := make(chan result, 1)
+		go func() {
+			lk, err := l.Acquire(ctx, key, locker.WithTTL(ttl))
+			c <- result{lk, err}
+		}()
+		return c
+	}
+	grantedBy := func(t *testing.T, c <-chan result, cut time.Time, what string) *locker.Lock {
+		t.Helper()
+		select {
+		case r := <-c:
+			if r.err != nil {
+				t.Fatalf("%s: %v", what, r.err)
+			}
+			took := time.Since(cut)
+			t.Logf("%s granted %v after the cut (TTL %v)", what, took.Round(time.Millisecond), ttl)
+			if took > bound {
+				t.Fatalf("%s granted %v after the holder was cut off; want within %v", what, took, bound)
+			}
+			return r.lk
+		case <-time.After(queueTTL + 5*time.Second):
+			t.Fatalf("%s never granted", what)
+			return nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	t.Run("after-grant", func(t *testing.T) {
+		key := "fair-head-grant"
+		holder, err := Open(t, d.URL).TryAcquire(ctx, key, locker.WithTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := wait(Open(t, proxied), key, ctx)
+		waitFor(t, 10*time.Second, "the first waiter in the queue", func() bool { return d.queueLen(t, key) == 1 })
+		second := wait(Open(t, d.URL), key, ctx)
+		waitFor(t, 10*time.Second, "the second waiter in the queue", func() bool { return d.queueLen(t, key) == 2 })
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-first
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		px.Blackhole()
+		defer px.Heal()
+		lk := grantedBy(t, second, time.Now(), "the second waiter")
+		_ = lk.Release(ctx)
+	})
+	t.Run("after-leave", func(t *testing.T) {
+		key := "fair-head-leave"
+		px.Heal()
+		holder, err := Open(t, proxied).TryAcquire(ctx, key, locker.WithTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = holder
+		lctx, leave := context.WithCancel(ctx)
+		first := wait(Open(t, d.URL), key, lctx)
+		waitFor(t, 10*time.Second, "the first waiter in the queue", func() bool { return d.queueLen(t, key) == 1 })
+		second := wait(Open(t, d.URL), key, ctx)
+		waitFor(t, 10*time.Second, "the second waiter in the queue", func() bool { return d.queueLen(t, key) == 2 })
+		leave()
+		if r := <-first; r.err == nil {
+			t.Fatal("the first waiter was granted; want its wait cancelled")
+		}
+		waitFor(t, 10*time.Second, "the first waiter out of the queue", func() bool { return d.queueLen(t, key) == 1 })
+		px.Blackhole()
+		defer px.Heal()
+		lk := grantedBy(t, second, time.Now(), "the second waiter")
+		_ = lk.Release(ctx)
+	})
+}
+
 // FairChurn: n Lockers take one key over and over for about d, each wait
 // bounded by a random timeout of 1 to 20ms (so many waits are cancelled:
 // queued, reserved or just granted when their context ends) and each hold
@@ -580,6 +674,15 @@ func Fair(t *testing.T, u URLs) {
 		}
 		defer px.Close()
 		FairResetWaiter(t, Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}, 5*time.Second, px,
+			With(u.Of(px.Addr()), "queue_ttl=5s", "dial_timeout=200ms"))
+	})
+	t.Run("head-takes-over", func(t *testing.T) {
+		px, err := faultproxy.New(s.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer px.Close()
+		FairHeadTakesOver(t, Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}, 5*time.Second, px,
 			With(u.Of(px.Addr()), "queue_ttl=5s", "dial_timeout=200ms"))
 	})
 	t.Run("cut-waiter", func(t *testing.T) {
