@@ -41,6 +41,13 @@ import (
 // has nobody listening either: their elements are "~<wid>:<owner>", never
 // skipped for want of a listener.
 //
+// The first waiter in line looks again when the holder's TTL would run
+// out (the PTTL its attempt returned), so a holder that crashed is taken
+// over right after its TTL. A waiter that becomes first without a wake-up
+// (the one before it was granted the lock, left, or was dropped) is sent
+// a nudge, "<lock> <ms>" on its wake channel, with the holder's time left,
+// and re-arms its timer without a round trip.
+//
 // Entries live QueueTTL unless renewed; a waiter renews its entry every
 // QueueTTL/2 by running QueueAcquireScript again (which also joins again,
 // at the back, a waiter that was skipped). A waiter that was cut off stops
