@@ -211,7 +211,7 @@
 // single server and under Sentinel: the release publishes on its wake
 // channel, nobody receives it, and the lock goes to the next waiter
 // (TestFair/killed-waiter: a SIGKILLed child process first in line, the
-// next waiter granted within 1s with queue_ttl=5s, measured under 1ms;
+// next waiter granted within 1s with queue_ttl=5s, measured 0–2ms;
 // TestFair/sentinel/killed-waiter, the same under Sentinel;
 // internal/rediscore TestQueueSkipsUnheardWaiter). A waiter that is cut
 // off keeps its connection open on the server, and on a Cluster PUBLISH

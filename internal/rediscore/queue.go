@@ -133,14 +133,15 @@ while head do
   end
   head = redis.call('LINDEX', KEYS[3], 0)
 end
+local function take()
+  redis.call('ZREM', KEYS[4], el)
+  redis.call('LREM', KEYS[3], 1, el)
+  local tok = grant(t)
+  nudge(KEYS[3], ARGV[6], ARGV[2])
+  return tok
+end
 if v == 'q:' .. el or (not v and (not head or head == el)) then
-  if head then
-    redis.call('ZREM', KEYS[4], el)
-    redis.call('LREM', KEYS[3], 1, el)
-    local tok = grant(t)
-    nudge(KEYS[3], ARGV[6], ARGV[2])
-    return tok
-  end
+  if head then return take() end
   return grant(t)
 end
 if dropped and head and head ~= el and v and string.sub(v, 1, 2) ~= 'q:' then
@@ -160,13 +161,7 @@ if not head or head == el then
 end
 if not v then
   local who, left = reserve(now, head, KEYS[3], KEYS[4], ARGV[6], el)
-  if who == 'self' then
-    redis.call('ZREM', KEYS[4], el)
-    redis.call('LREM', KEYS[3], 1, el)
-    local tok = grant(t)
-    nudge(KEYS[3], ARGV[6], ARGV[2])
-    return tok
-  end
+  if who == 'self' then return take() end
   return left
 end
 return e - now

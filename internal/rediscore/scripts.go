@@ -119,15 +119,18 @@ return 0
 // its wake channel sets its next look to then, with no round trip, so
 // that it notices at once a holder that stops renewing.
 const reserveLua = `
+local function wid(h)
+  local w = string.sub(h, 1, string.find(h, ':', 1, true) - 1)
+  if string.sub(w, 1, 1) == '~' then return string.sub(w, 2), false end
+  return w, true
+end
+
 local function reserve(now, h, l, z, wake, self)
   while h do
     if h == self then return 'self', 0 end
     local e = tonumber(redis.call('ZSCORE', z, h))
     if e and e > now then
-      local i = string.find(h, ':', 1, true)
-      local w = string.sub(h, 1, i - 1)
-      local sure = string.sub(w, 1, 1) ~= '~'
-      if not sure then w = string.sub(w, 2) end
+      local w, sure = wid(h)
       if redis.call('PUBLISH', wake .. w, KEYS[1]) > 0 or not sure then
         redis.call('SET', KEYS[1], 'q:' .. h, 'PX', e - now)
         return 'other', e - now
@@ -143,10 +146,7 @@ end
 local function nudge(l, wake, ms)
   local h = redis.call('LINDEX', l, 0)
   if h then
-    local i = string.find(h, ':', 1, true)
-    local w = string.sub(h, 1, i - 1)
-    if string.sub(w, 1, 1) == '~' then w = string.sub(w, 2) end
-    redis.call('PUBLISH', wake .. w, KEYS[1] .. ' ' .. ms)
+    redis.call('PUBLISH', wake .. wid(h), KEYS[1] .. ' ' .. ms)
   end
 end
 `

@@ -311,11 +311,9 @@ func FairHeadTakesOver(t *testing.T, d Deployment, queueTTL time.Duration, px *f
 	t.Run("after-leave", func(t *testing.T) {
 		key := "fair-head-leave"
 		px.Heal()
-		holder, err := Open(t, proxied).TryAcquire(ctx, key, locker.WithTTL(ttl))
-		if err != nil {
+		if _, err := Open(t, proxied).TryAcquire(ctx, key, locker.WithTTL(ttl)); err != nil {
 			t.Fatal(err)
 		}
-		_ = holder
 		lctx, leave := context.WithCancel(ctx)
 		first := wait(Open(t, d.URL), key, lctx)
 		waitFor(t, 10*time.Second, "the first waiter in the queue", func() bool { return d.queueLen(t, key) == 1 })
