@@ -242,6 +242,9 @@ func TestRefuse(t *testing.T) {
 	e := newEcho(t)
 	p := newProxy(t, e.ln.Addr().String())
 	c, r := dial(t, p)
+	// The proxy accepts c in its own goroutine: one round trip makes sure
+	// it did before refusing starts.
+	mustEcho(t, c, r, "established")
 	p.Refuse(true)
 	if err := refused(p); err != nil {
 		t.Fatalf("new connection while refusing: %v, want it reset", err)

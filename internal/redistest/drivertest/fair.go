@@ -659,37 +659,32 @@ func Fair(t *testing.T, u URLs) {
 	t.Run("order", func(t *testing.T) { FairOrder(t, d, 6) })
 	t.Run("cancel", func(t *testing.T) { FairCancel(t, d) })
 	t.Run("64-waiters", func(t *testing.T) { FairMany(t, d, 64) })
-	t.Run("churn", func(t *testing.T) {
-		FairChurn(t, Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}, 12, 3*time.Second)
-	})
-	t.Run("killed-waiter", func(t *testing.T) {
-		FairKilledWaiter(t, Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}, 5*time.Second, true)
-	})
-	t.Run("reset-waiter", func(t *testing.T) {
+	// long is d with queue_ttl=5s: a waiter skipped or nudged at once is
+	// then told apart from one whose entry lapsed.
+	long := Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}
+	// proxy starts a fault proxy to s for one subtest and returns it with
+	// the URL of a Locker through it (params added).
+	proxy := func(t *testing.T, params ...string) (*faultproxy.Proxy, string) {
 		px, err := faultproxy.New(s.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer px.Close()
-		FairResetWaiter(t, Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}, 5*time.Second, px,
-			With(u.Of(px.Addr()), "queue_ttl=5s", "dial_timeout=200ms"))
+		t.Cleanup(func() { px.Close() })
+		return px, With(u.Of(px.Addr()), append(params, "dial_timeout=200ms")...)
+	}
+	t.Run("churn", func(t *testing.T) { FairChurn(t, long, 12, 3*time.Second) })
+	t.Run("killed-waiter", func(t *testing.T) { FairKilledWaiter(t, long, 5*time.Second, true) })
+	t.Run("reset-waiter", func(t *testing.T) {
+		px, proxied := proxy(t, "queue_ttl=5s")
+		FairResetWaiter(t, long, 5*time.Second, px, proxied)
 	})
 	t.Run("head-takes-over", func(t *testing.T) {
-		px, err := faultproxy.New(s.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer px.Close()
-		FairHeadTakesOver(t, Deployment{URL: With(u.Of(s.Addr), "queue_ttl=5s"), Servers: d.Servers}, 5*time.Second, px,
-			With(u.Of(px.Addr()), "queue_ttl=5s", "dial_timeout=200ms"))
+		px, proxied := proxy(t, "queue_ttl=5s")
+		FairHeadTakesOver(t, long, 5*time.Second, px, proxied)
 	})
 	t.Run("cut-waiter", func(t *testing.T) {
-		px, err := faultproxy.New(s.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer px.Close()
-		FairCutWaiter(t, d, queueTTL, px, With(u.Of(px.Addr()), q, "dial_timeout=200ms"))
+		px, proxied := proxy(t, q)
+		FairCutWaiter(t, d, queueTTL, px, proxied)
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.StartCluster(t, 3)
