@@ -73,8 +73,9 @@ type core = rediscore.Locker
 //     re-established). All waits of this Locker share one pub/sub
 //     connection per server, and all waiters of one key one SUBSCRIBE.
 //     Under Redlock, Subscribe returns once a quorum of nodes confirmed the
-//     subscription (a release runs on a quorum, so one of them publishes);
-//     failing that, an error naming the counts. Errors: driver.ErrInvalid
+//     subscription (a release runs on a quorum, so one of them publishes),
+//     each node given node_timeout to confirm; failing that, an error
+//     naming the counts (TestRedlockSubscribe). Errors: driver.ErrInvalid
 //     for a bad key, driver.ErrClosed after Close, ctx.Err() wrapped once
 //     ctx is done.
 //   - WatchHold(key, owner, token, lost) (driver.HoldWatcher), over
@@ -189,6 +190,7 @@ func newLocker(clients []redis.UniversalClient, o Options, owns bool, tr *tracke
 	}
 	if len(clients) > 1 {
 		w.quorum = len(clients)/2 + 1
+		w.nodeTimeout = o.WithDefaults().NodeTimeout
 	}
 	cfg := rediscore.LockerConfig{
 		Name: "redis", Conns: conns, Options: o, Waiter: w,

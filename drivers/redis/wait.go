@@ -240,9 +240,13 @@ func (s *subscriber) close() {
 // (N for Redlock) and, where holds are watched, the tracker, which Shut
 // closes too.
 type waiter struct {
-	subs    []*subscriber
-	quorum  int      // subscriptions Subscribe needs (1, or N/2+1)
-	tracker *tracker // nil where hold watching is unsupported
+	subs   []*subscriber
+	quorum int // subscriptions Subscribe needs (1, or N/2+1)
+	// nodeTimeout bounds each node's subscription under Redlock
+	// (Options.NodeTimeout): a node that does not confirm by then counts
+	// as failed.
+	nodeTimeout time.Duration
+	tracker     *tracker // nil where hold watching is unsupported
 }
 
 // Subscribe subscribes to channel on every server; under Redlock it
@@ -264,7 +268,7 @@ func (w *waiter) Shut() {
 	}
 }
 func (w *waiter) subscribeQuorum(ctx context.Context, channel string, wake chan struct{}) (<-chan struct{}, func(), error) {
-	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	sctx, stop := context.WithTimeout(context.WithoutCancel(ctx), w.nodeTimeout)
 	type result struct {
 		cancel func()
 		err    error
