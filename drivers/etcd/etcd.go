@@ -261,7 +261,14 @@ func (l *Locker) fail(ctx context.Context, op, key string, err error) error {
 		errors.Is(err, driver.ErrNotHeld) || errors.Is(err, driver.ErrNotAcquired) {
 		return fmt.Errorf("%s: %w", where, err)
 	}
-	if cerr := ctx.Err(); cerr != nil {
+	cerr := ctx.Err()
+	if dl, ok := ctx.Deadline(); ok && cerr == nil && !time.Now().Before(dl) {
+		// The caller's deadline has passed, but ctx's timer has not fired
+		// yet: the server, which got the same deadline, may answer "request
+		// timed out" first.
+		cerr = context.DeadlineExceeded
+	}
+	if cerr != nil {
 		if errors.Is(err, cerr) {
 			return fmt.Errorf("%s: %w", where, err)
 		}
