@@ -55,6 +55,7 @@ func StartCluster(t testing.TB, n int, args ...string) *Cluster {
 }
 
 // WaitReady waits up to limit until every master reports cluster_state:ok,
+// has an established bus link to every other node (none in handshake),
 // knows every node and serves every slot range.
 func (c *Cluster) WaitReady(limit time.Duration) error {
 	deadline := time.Now().Add(limit)
@@ -88,6 +89,28 @@ func clusterReady(s *Server, n int) error {
 	}
 	if a, _ := v.([]any); len(a) != n {
 		return fmt.Errorf("%s: CLUSTER SLOTS has %d ranges, want %d", s.Addr, len(a), n)
+	}
+	// cluster_known_nodes counts nodes still in handshake, and a node
+	// broadcasts (PUBLISH among others) only over its established bus
+	// links: wait until every other node is connected and out of handshake.
+	v, err = s.Do("CLUSTER", "NODES")
+	if err != nil {
+		return err
+	}
+	nodes, _ := v.(string)
+	lines := strings.Split(strings.TrimSpace(nodes), "\n")
+	if len(lines) != n {
+		return fmt.Errorf("%s: CLUSTER NODES lists %d nodes, want %d", s.Addr, len(lines), n)
+	}
+	for _, line := range lines {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			return fmt.Errorf("%s: CLUSTER NODES line %q", s.Addr, line)
+		}
+		flags, link := f[2], f[7]
+		if strings.Contains(flags, "handshake") || strings.Contains(flags, "noaddr") || strings.Contains(flags, "fail") || link != "connected" {
+			return fmt.Errorf("%s: node not ready: %q", s.Addr, line)
+		}
 	}
 	return nil
 }
