@@ -270,6 +270,116 @@ func BenchmarkHandoffFloor(b *testing.B) {
 	b.ReportMetric(float64(times[len(times)/2].Microseconds()), "handoff-p50-us")
 }
 
+// BenchmarkHandoffFair measures one fair-queue handoff like
+// BenchmarkHandoffFloor, interleaved with it in one loop: two Lockers take
+// turns, one holding "hot" for 5ms while the other waits queued (the
+// holder releases only once the waiter stands in the queue), and the time
+// is from the release's start to the waiter's Acquire returning through
+// package locker. It reports both medians (fair-p50-us, floor-p50-us) and
+// their ratio (fair/floor). Unlike BenchmarkQueue, nobody re-joins the
+// queue during the handoff.
+func BenchmarkHandoffFair(b *testing.B) {
+	s := redistest.Start(b)
+	ctx := context.Background()
+	holder := goredis.NewClient(&goredis.Options{Addr: s.Addr, DisableIdentity: true})
+	defer holder.Close()
+	waiter := goredis.NewClient(&goredis.Options{Addr: s.Addr, DisableIdentity: true})
+	defer waiter.Close()
+	ps := waiter.Subscribe(ctx, "floor")
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil { // the subscribe confirmation
+		b.Fatal(err)
+	}
+	if err := seedRelease.Load(ctx, holder).Err(); err != nil {
+		b.Fatal(err)
+	}
+	got := make(chan time.Time)
+	go func() {
+		for {
+			if _, err := ps.ReceiveMessage(ctx); err != nil {
+				close(got)
+				return
+			}
+			if err := waiter.SetNX(ctx, "floorkey", "w", 10*time.Second).Err(); err != nil {
+				b.Error(err)
+			}
+			got <- time.Now()
+		}
+	}()
+	var ls [2]*locker.Locker
+	for i := range ls {
+		l, err := locker.OpenURL(s.URL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Close()
+		ls[i] = l
+	}
+	opts := []locker.Option{locker.WithTTL(10 * time.Second), locker.WithAutoRenew(false)}
+	cur, err := ls[0].Acquire(ctx, "hot", opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	type result struct {
+		lk  *locker.Lock
+		at  time.Time
+		err error
+	}
+	var floor, fair []time.Duration
+	next := 1
+	for b.Loop() {
+		if err := holder.Set(ctx, "floorkey", "h", 10*time.Second).Err(); err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond) // the critical section
+		t0 := time.Now()
+		if err := seedRelease.EvalSha(ctx, holder, []string{"floorkey"}, "h").Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := holder.Publish(ctx, "floor", "1").Err(); err != nil {
+			b.Fatal(err)
+		}
+		floor = append(floor, (<-got).Sub(t0))
+
+		rc := make(chan result, 1)
+		go func(l *locker.Locker) {
+			lk, err := l.Acquire(ctx, "hot", opts...)
+			rc <- result{lk, time.Now(), err}
+		}(ls[next])
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			v, err := s.Do("LLEN", "locker:{hot}:q")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if n, _ := v.(int64); n == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("the waiter did not join the queue within 10s")
+			}
+			time.Sleep(time.Millisecond) // polling a condition with a deadline
+		}
+		time.Sleep(5 * time.Millisecond) // the critical section
+		t1 := time.Now()
+		if err := cur.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		r := <-rc
+		if r.err != nil {
+			b.Fatal(r.err)
+		}
+		fair = append(fair, r.at.Sub(t1))
+		cur, next = r.lk, 1-next
+	}
+	b.StopTimer()
+	slices.Sort(floor)
+	slices.Sort(fair)
+	fp, qp := floor[len(floor)/2], fair[len(fair)/2]
+	b.ReportMetric(float64(fp.Microseconds()), "floor-p50-us")
+	b.ReportMetric(float64(qp.Microseconds()), "fair-p50-us")
+	b.ReportMetric(float64(qp)/float64(fp), "fair/floor")
+}
+
 func benchHandoff(b *testing.B, servers []*redistest.Server, dsn string, contenders, perLocker int, hold time.Duration) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

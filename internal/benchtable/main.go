@@ -128,10 +128,12 @@ var tables = []table{
 	queueTable(),
 }
 
-// queueTable is the Redis fair queue under contention (go-redis,
-// BenchmarkQueue's fair runs and BenchmarkHandoffFloor in the same run).
+// queueTable is the Redis fair queue (go-redis): one handoff interleaved
+// with the floor's (BenchmarkHandoffFair), then under contention
+// (BenchmarkQueue's fair runs and BenchmarkHandoffFloor in the same run).
 func queueTable() table {
-	t := table{title: "Redis fair queue under contention (go-redis; separate Lockers as separate processes, 5ms hold, steady state): client calls and fairness per acquisition, wake p50 over the raw pub/sub handoff floor's p50 run beside it"}
+	t := table{title: "Redis fair queue (go-redis; separate Lockers as separate processes, 5ms hold): one handoff to one queued waiter interleaved with the raw pub/sub handoff floor; then under contention, in the steady state, client calls and fairness per acquisition and wake p50 over the floor's p50 run beside it"}
+	t.rows = append(t.rows, row{label: "1 waiter: handoff p50 / floor's p50, interleaved", bench: "drivers/redis.BenchmarkHandoffFair", unit: "fair/floor"})
 	for _, n := range []string{"8", "32", "64"} {
 		b := "drivers/redis.BenchmarkQueue/fair-" + n
 		t.rows = append(t.rows,

@@ -17,6 +17,7 @@ BenchmarkAcquireRelease-2   	   10000	     30000 ns/op
 BenchmarkRawSyscalls-2      	   10000	     20000 ns/op
 pkg: github.com/go-locker/locker/drivers/redis
 BenchmarkHandoffFloor-2   	     400	   5552666 ns/op	       250.0 handoff-p50-us	       265.3 handoff-us
+BenchmarkHandoffFair-2   	     400	  12593953 ns/op	       683.0 fair-p50-us	         1.697 fair/floor	       402.0 floor-p50-us
 BenchmarkQueue/fair-8-2   	     400	   6028804 ns/op	         3.998 calls/acq	         1.000 fairness	        27.00 server-cmds/acq	       500.0 wake-p50-us
 `
 
@@ -36,6 +37,7 @@ func TestParseAndRender(t *testing.T) {
 		"| file: driver / raw open+flock+read+write | 1.50× | 1.50–1.50× | 1 |",
 		"| 8 processes: client calls per acquisition | 4.00 | 4.00–4.00 | 1 |",
 		"| 8 processes: wake p50 / floor's p50 | 2.00× | 2.00–2.00× | 1 |",
+		"| 1 waiter: handoff p50 / floor's p50, interleaved | 1.70× | 1.70–1.70× | 1 |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)

@@ -44,7 +44,10 @@ func scriptCalls(b testing.TB, s *redistest.Server) (map[string]int64, int64) {
 //	calls/acq    commands the clients sent per acquisition (MONITOR; script
 //	             internals and PING/CLIENT/HELLO left out), in the steady
 //	             state: every Locker has waited once before the count
-//	             starts, and every wait under way at the end is granted
+//	             starts, and every wait under way at the end is granted;
+//	             counted in a second pass of b.N acquisitions, since
+//	             MONITOR slows the server (the other metrics come from the
+//	             first pass, without it)
 //	server-cmds/acq  every command the server ran per acquisition, script
 //	             internals included (INFO commandstats)
 //	fairness     fewest/most acquisitions of one Locker (1 = equal shares)
@@ -107,20 +110,63 @@ func Contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold t
 	if err := <-firstWait; err != nil {
 		b.Fatal(err)
 	}
-	mon := startMonitor(b, s.Addr)
+	// Pass one is measured: time, fairness, wakes and the server's
+	// commands. Pass two repeats it under MONITOR to count the clients'
+	// calls: MONITOR makes the server copy every command, script internals
+	// included, to the monitoring connection, which slows the handoffs it
+	// watches.
 	startBy, startCmds := scriptCalls(b, s)
+	b.ResetTimer()
+	per, wakes, grants, err := contend(ctx, lockers, b.N, hold)
+	b.StopTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	endBy, endCmds := scriptCalls(b, s)
+	cmds := endCmds - startCmds
+	for name, c := range endBy {
+		endBy[name] = c - startBy[name]
+	}
+	b.Logf("server commands: %v", endBy)
+	mon := startMonitor(b, s.Addr)
 	mon.take(b, s.Addr, 0)
+	_, _, monGrants, err := contend(ctx, lockers, b.N, hold)
+	if err != nil {
+		b.Fatal(err)
+	}
+	got := mon.take(b, s.Addr, 1)
+	byName := map[string]int{}
+	for _, c := range got {
+		byName[c]++
+	}
+	b.Logf("client commands: %v", byName)
+	slices.Sort(wakes)
+	lo, hi := slices.Min(per), slices.Max(per)
+	b.ReportMetric(float64(len(got))/float64(monGrants), "calls/acq")
+	b.ReportMetric(float64(cmds)/float64(grants), "server-cmds/acq")
+	b.ReportMetric(float64(lo)/float64(max(hi, 1)), "fairness")
+	if len(wakes) > 0 {
+		b.ReportMetric(float64(wakes[len(wakes)/2].Microseconds()), "wake-p50-us")
+	}
+}
+
+// contend runs one pass of Contention: every Locker takes "hot", holds it
+// for hold, releases it and goes again, until target acquisitions were
+// made; the waits under way then are granted in turn, not cut short (a
+// cancelled wait's LEAVE is not part of an acquisition). It returns each
+// Locker's share of the first target acquisitions, the time from each
+// release's start to the next grant, and the acquisitions made in all.
+func contend(ctx context.Context, lockers []*locker.Locker, target int, hold time.Duration) (per []int64, wakes []time.Duration, grants int64, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var (
-		grants     atomic.Int64
+		n          atomic.Int64
 		releasedAt atomic.Int64 // unix ns of the last release's start; 0 = none
 		mu         sync.Mutex
-		wakes      []time.Duration
-		per        = make([]int64, procs)
 		wg         sync.WaitGroup
 		firstErr   atomic.Value
-		target     = int64(b.N)
 	)
-	b.ResetTimer()
+	per = make([]int64, len(lockers))
 	for i, l := range lockers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
@@ -138,49 +184,24 @@ func Contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold t
 					wakes = append(wakes, time.Duration(now-r))
 					mu.Unlock()
 				}
-				n := grants.Add(1)
-				if n <= target {
+				k := n.Add(1)
+				if k <= int64(target) {
 					per[i]++
 				}
 				time.Sleep(hold) // the critical section
 				releasedAt.Store(time.Now().UnixNano())
 				_ = lk.Release(context.Background())
-				if n >= target {
-					// Done; those still waiting are granted in turn, so
-					// no wait is cut short (a cancelled wait's LEAVE is
-					// not part of an acquisition).
+				if k >= int64(target) {
 					return
 				}
 			}
 		})
 	}
 	wg.Wait()
-	b.StopTimer()
-	if err, _ := firstErr.Load().(error); err != nil {
-		b.Fatal(err)
+	if e, _ := firstErr.Load().(error); e != nil {
+		return nil, nil, 0, e
 	}
-	got := mon.take(b, s.Addr, 1)
-	calls := len(got)
-	byName := map[string]int{}
-	for _, c := range got {
-		byName[c]++
-	}
-	b.Logf("client commands: %v", byName)
-	endBy, endCmds := scriptCalls(b, s)
-	cmds := endCmds - startCmds
-	for name, c := range endBy {
-		endBy[name] = c - startBy[name]
-	}
-	b.Logf("server commands: %v", endBy)
-	n := float64(grants.Load())
-	slices.Sort(wakes)
-	lo, hi := slices.Min(per), slices.Max(per)
-	b.ReportMetric(float64(calls)/n, "calls/acq")
-	b.ReportMetric(float64(cmds)/n, "server-cmds/acq")
-	b.ReportMetric(float64(lo)/float64(max(hi, 1)), "fairness")
-	if len(wakes) > 0 {
-		b.ReportMetric(float64(wakes[len(wakes)/2].Microseconds()), "wake-p50-us")
-	}
+	return per, wakes, n.Load(), nil
 }
 
 // waitQueued waits until n waiters stand in the fair queue of "hot" on s.
