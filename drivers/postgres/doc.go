@@ -52,7 +52,7 @@
 //	                                refresh 1, refused       refused acquire
 //	                                acquire 2                (TestLeaseStatementsPerOperation)
 //	                                (TestStatementsPerOp…)
-//	uncontended acquire+release     1.42× pg_advisory_lock + 1.1× INSERT … ON CONFLICT + DELETE
+//	uncontended acquire+release     1.40× pg_advisory_lock + 1.13× INSERT … ON CONFLICT + DELETE
 //	                                unlock (BenchmarkUncon-  (BenchmarkLeaseUncontendedInterleaved)
 //	                                tendedInterleaved)
 //	handoff to a waiting process    in the server's lock     0.9ms p50 via NOTIFY; through
