@@ -101,10 +101,7 @@ func TestStatusJSON(t *testing.T) {
 	holder.wait(t)
 
 	// The backend down: still one JSON object, reachable false, exit 122.
-	port, err := redistest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
+	port := redistest.RefusedPort(t)
 	code, fields, stderr = statusJSONOf(t, nil, "--url", "redis://127.0.0.1:"+strconv.Itoa(port), "job")
 	if code != exitUnavailable {
 		t.Errorf("backend down: code %d, want %d", code, exitUnavailable)

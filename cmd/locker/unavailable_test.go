@@ -17,11 +17,7 @@ import (
 // line naming the cause, and run starts nothing. etcd's client retries a
 // refused connection, so there the open's ping runs out (10s) instead.
 func TestUnavailableRefused(t *testing.T) {
-	port, err := redistest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := strconv.Itoa(port)
+	p := strconv.Itoa(redistest.RefusedPort(t))
 	for _, url := range []string{
 		"redis://127.0.0.1:" + p,
 		"rueidis://127.0.0.1:" + p,

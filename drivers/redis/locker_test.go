@@ -44,8 +44,7 @@ func TestRegistered(t *testing.T) {
 }
 
 func TestOpenErrors(t *testing.T) {
-	free, _ := redistest.FreePort()
-	unreachable := "127.0.0.1:" + itoa(free)
+	unreachable := "127.0.0.1:" + itoa(redistest.RefusedPort(t))
 
 	pw := redistest.Start(t, "--requirepass", "right")
 

@@ -137,10 +137,7 @@ func TestOpenErrors(t *testing.T) {
 	if _, err := s.Do("CONFIG", "SET", "requirepass", "secret"); err != nil {
 		t.Fatal(err)
 	}
-	free, err := redistest.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
+	free := redistest.RefusedPort(t)
 	// A port that accepts TCP but does not speak Redis (it answers HTTP).
 	notRedis := drivertest.NotRedis(t)
 	// A port that accepts TCP and never answers.

@@ -359,8 +359,7 @@ func TestCheckMaster(t *testing.T) {
 	if err := CheckMaster(ctx, "redis", replica.Addr, true, doOn(newTestConn(t, replica.Addr).c)); err != nil {
 		t.Fatalf("replica allowed: %v", err)
 	}
-	free, _ := redistest.FreePort()
-	down := "127.0.0.1:" + strconv.Itoa(free)
+	down := "127.0.0.1:" + strconv.Itoa(redistest.RefusedPort(t))
 	explained := doOn(newTestConn(t, down).c).Explain(func(err error) error { return errors.Join(errors.New("explained"), err) })
 	err = CheckMaster(ctx, "redis", down, false, explained)
 	if !errors.Is(err, driver.ErrUnavailable) || !strings.HasPrefix(err.Error(), "redis: "+down+": ROLE: explained") {

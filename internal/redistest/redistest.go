@@ -123,6 +123,30 @@ func StartN(t testing.TB, n int, args ...string) []*Server {
 	return out
 }
 
+// RefusedPort returns a TCP port on 127.0.0.1 that refuses connections
+// until t ends: a socket is bound to it without listening, which keeps any
+// server (and the kernel's choice of a free port) off it meanwhile. Use it
+// for "an unreachable server"; FreePort's port may be taken by a server
+// started after it.
+func RefusedPort(t testing.TB) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("redistest: socket: %v", err)
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		_ = syscall.Close(fd)
+		t.Fatalf("redistest: bind: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		_ = syscall.Close(fd)
+		t.Fatalf("redistest: getsockname: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	return sa.(*syscall.SockaddrInet4).Port
+}
+
 // FreePort returns a TCP port that was free on 127.0.0.1 a moment ago.
 func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
