@@ -209,58 +209,78 @@ func BenchmarkHandoff(b *testing.B) {
 	}
 }
 
-// BenchmarkHandoffFloor is the raw go-redis floor of a pub/sub handoff,
-// measured like BenchmarkHandoff: a holder idles 5ms, then runs the release
-// script and PUBLISHes; a waiter blocked in Receive on its own connection
-// takes the key with SET NX PX. One op is one handoff; handoff-us (mean)
-// and handoff-p50-us are from the release's start to the waiter's grant.
-func BenchmarkHandoffFloor(b *testing.B) {
-	s := redistest.Start(b)
+// pubsubFloor is the raw go-redis floor of a pub/sub handoff: a holder
+// client that runs the release script and PUBLISHes, and a waiter blocked
+// in Receive on its own subscriber connection that takes the key with SET
+// NX PX when told.
+type pubsubFloor struct {
+	holder *goredis.Client
+	got    chan time.Time // when the waiter's SET NX returned
+}
+
+func newPubsubFloor(b *testing.B, s *redistest.Server) *pubsubFloor {
 	ctx := context.Background()
 	holder := goredis.NewClient(&goredis.Options{Addr: s.Addr, DisableIdentity: true})
-	defer holder.Close()
+	b.Cleanup(func() { holder.Close() })
 	waiter := goredis.NewClient(&goredis.Options{Addr: s.Addr, DisableIdentity: true})
-	defer waiter.Close()
+	b.Cleanup(func() { waiter.Close() })
 	ps := waiter.Subscribe(ctx, "floor")
-	defer ps.Close()
+	b.Cleanup(func() { ps.Close() })
 	if _, err := ps.Receive(ctx); err != nil { // the subscribe confirmation
 		b.Fatal(err)
 	}
 	if err := seedRelease.Load(ctx, holder).Err(); err != nil {
 		b.Fatal(err)
 	}
-	var (
-		sum   time.Duration
-		times []time.Duration
-	)
-	got := make(chan time.Time)
+	f := &pubsubFloor{holder: holder, got: make(chan time.Time)}
 	go func() {
 		for {
 			if _, err := ps.ReceiveMessage(ctx); err != nil {
-				close(got)
+				close(f.got)
 				return
 			}
 			if err := waiter.SetNX(ctx, "floorkey", "w", 10*time.Second).Err(); err != nil {
 				b.Error(err)
 			}
-			got <- time.Now()
+			f.got <- time.Now()
 		}
 	}()
+	return f
+}
+
+// handoff takes the key as the holder, holds it 5ms, then releases and
+// publishes; it returns the time from the release's start to the waiter's
+// grant.
+func (f *pubsubFloor) handoff(b *testing.B) time.Duration {
+	ctx := context.Background()
+	if err := f.holder.Set(ctx, "floorkey", "h", 10*time.Second).Err(); err != nil {
+		b.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // the critical section
+	t0 := time.Now()
+	if err := seedRelease.EvalSha(ctx, f.holder, []string{"floorkey"}, "h").Err(); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.holder.Publish(ctx, "floor", "1").Err(); err != nil {
+		b.Fatal(err)
+	}
+	return (<-f.got).Sub(t0)
+}
+
+// BenchmarkHandoffFloor is the raw go-redis floor of a pub/sub handoff,
+// measured like BenchmarkHandoff (see pubsubFloor). One op is one handoff;
+// handoff-us (mean) and handoff-p50-us are from the release's start to the
+// waiter's grant.
+func BenchmarkHandoffFloor(b *testing.B) {
+	f := newPubsubFloor(b, redistest.Start(b))
+	var (
+		sum   time.Duration
+		times []time.Duration
+	)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
-		if err := holder.Set(ctx, "floorkey", "h", 10*time.Second).Err(); err != nil {
-			b.Fatal(err)
-		}
-		time.Sleep(5 * time.Millisecond) // the critical section
-		t0 := time.Now()
-		if err := seedRelease.EvalSha(ctx, holder, []string{"floorkey"}, "h").Err(); err != nil {
-			b.Fatal(err)
-		}
-		if err := holder.Publish(ctx, "floor", "1").Err(); err != nil {
-			b.Fatal(err)
-		}
-		d := (<-got).Sub(t0)
+		d := f.handoff(b)
 		sum += d
 		times = append(times, d)
 	}
@@ -281,31 +301,7 @@ func BenchmarkHandoffFloor(b *testing.B) {
 func BenchmarkHandoffFair(b *testing.B) {
 	s := redistest.Start(b)
 	ctx := context.Background()
-	holder := goredis.NewClient(&goredis.Options{Addr: s.Addr, DisableIdentity: true})
-	defer holder.Close()
-	waiter := goredis.NewClient(&goredis.Options{Addr: s.Addr, DisableIdentity: true})
-	defer waiter.Close()
-	ps := waiter.Subscribe(ctx, "floor")
-	defer ps.Close()
-	if _, err := ps.Receive(ctx); err != nil { // the subscribe confirmation
-		b.Fatal(err)
-	}
-	if err := seedRelease.Load(ctx, holder).Err(); err != nil {
-		b.Fatal(err)
-	}
-	got := make(chan time.Time)
-	go func() {
-		for {
-			if _, err := ps.ReceiveMessage(ctx); err != nil {
-				close(got)
-				return
-			}
-			if err := waiter.SetNX(ctx, "floorkey", "w", 10*time.Second).Err(); err != nil {
-				b.Error(err)
-			}
-			got <- time.Now()
-		}
-	}()
+	f := newPubsubFloor(b, s)
 	var ls [2]*locker.Locker
 	for i := range ls {
 		l, err := locker.OpenURL(s.URL())
@@ -328,18 +324,7 @@ func BenchmarkHandoffFair(b *testing.B) {
 	var floor, fair []time.Duration
 	next := 1
 	for b.Loop() {
-		if err := holder.Set(ctx, "floorkey", "h", 10*time.Second).Err(); err != nil {
-			b.Fatal(err)
-		}
-		time.Sleep(5 * time.Millisecond) // the critical section
-		t0 := time.Now()
-		if err := seedRelease.EvalSha(ctx, holder, []string{"floorkey"}, "h").Err(); err != nil {
-			b.Fatal(err)
-		}
-		if err := holder.Publish(ctx, "floor", "1").Err(); err != nil {
-			b.Fatal(err)
-		}
-		floor = append(floor, (<-got).Sub(t0))
+		floor = append(floor, f.handoff(b))
 
 		rc := make(chan result, 1)
 		go func(l *locker.Locker) {
