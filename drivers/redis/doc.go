@@ -219,7 +219,9 @@
 // queue_ttl/2, and a reservation made for it lapse within queue_ttl, and
 // the next waiter goes on (TestFair/cut-waiter; TestFair/cluster/
 // killed-waiter, 577–598ms with queue_ttl=600ms). So does the first wait
-// of a Locker whose wake channel could not be subscribed. A waiter whose
+// of a Locker whose wake channel could not be subscribed: its entry is
+// marked "~" as on a Cluster, never skipped for want of a listener
+// (internal/rediscore TestQueueSkipsUnheardWaiter). A waiter whose
 // connection dropped is skipped too, and joins again at the back of the
 // queue when its subscription is back (TestFair/reset-waiter: connections
 // reset through a fault proxy; the next waiter granted within 1s, the

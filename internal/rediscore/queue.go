@@ -117,7 +117,7 @@ if v and string.sub(v, 1, 2) ~= 'q:' then
   end
 end
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = millis(t)
 local head = redis.call('LINDEX', KEYS[3], 0)
 local e
 local dropped = false
@@ -190,8 +190,7 @@ if first then
   if not v then
     local h = redis.call('LINDEX', KEYS[2], 0)
     if h then
-      local t = redis.call('TIME')
-      reserve(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), h, KEYS[2], KEYS[3], ARGV[3], nil)
+      reserve(millis(redis.call('TIME')), h, KEYS[2], KEYS[3], ARGV[3], nil)
     end
   elseif string.sub(v, 1, 2) ~= 'q:' then
     local p = redis.call('PTTL', KEYS[1])
@@ -397,7 +396,7 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 	var lastErr error
 	for first := true; ; first = false {
 		drain(qw.wake)
-		drainDur(qw.rearm)
+		drain(qw.rearm)
 		v, err, abandoned := n.runDetached(ctx, QueueAcquireScript, keys, args, leave)
 		if abandoned {
 			return 0, n.p.waitErr(ctx, "acquire", lastErr)
@@ -583,16 +582,6 @@ func sleep(ctx context.Context, wake <-chan struct{}, rearm <-chan time.Duration
 	}
 }
 
-func drainDur(c <-chan time.Duration) {
-	for {
-		select {
-		case <-c:
-		default:
-			return
-		}
-	}
-}
-
 // backoff returns the wait after a transient error, *retry jittered, and
 // doubles *retry up to retryMax.
 func backoff(retry *time.Duration) time.Duration {
@@ -601,7 +590,8 @@ func backoff(retry *time.Duration) time.Duration {
 	return d
 }
 
-func drain(c <-chan struct{}) {
+// drain empties c of the values already in it.
+func drain[T any](c <-chan T) {
 	for {
 		select {
 		case <-c:

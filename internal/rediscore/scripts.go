@@ -113,12 +113,18 @@ return 0
 // when the walk reached the caller's own element (nothing is reserved:
 // the caller takes the lock), nil when nobody live is left.
 //
+// millis(t) is the reply t of TIME in milliseconds.
+//
 // nudge(l, wake, ms) tells the first waiter of the list l, which became
 // first without being woken (the one before it was granted the lock or
 // left), that the lock is held for ms more: the message "<lock> <ms>" on
 // its wake channel sets its next look to then, with no round trip, so
 // that it notices at once a holder that stops renewing.
 const reserveLua = `
+local function millis(t)
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 local function wid(h)
   local w = string.sub(h, 1, string.find(h, ':', 1, true) - 1)
   if string.sub(w, 1, 1) == '~' then return string.sub(w, 2), false end
@@ -161,9 +167,7 @@ const handoffLua = reserveLua + `
 local function handoff()
   local h = redis.call('LINDEX', KEYS[2], 0)
   if h then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    if reserve(now, h, KEYS[2], KEYS[3], ARGV[3], nil) then return end
+    if reserve(millis(redis.call('TIME')), h, KEYS[2], KEYS[3], ARGV[3], nil) then return end
   end
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], '1')

@@ -103,6 +103,23 @@ func queued(t *testing.T, d Deployment, l *locker.Locker, key string, want int64
 	return got
 }
 
+// acquired is the outcome of an Acquire run in the background.
+type acquired struct {
+	lk  *locker.Lock
+	at  time.Time // when Acquire returned
+	err error
+}
+
+// acquireAsync runs l.Acquire(ctx, key) with ttl in the background.
+func acquireAsync(ctx context.Context, l *locker.Locker, key string, ttl time.Duration) <-chan acquired {
+	c := make(chan acquired, 1)
+	go func() {
+		lk, err := l.Acquire(ctx, key, locker.WithTTL(ttl))
+		c <- acquired{lk, time.Now(), err}
+	}()
+	return c
+}
+
 // FairOrder: a holder and n waiters, each its own Locker (a process of its
 // own), queued one after another; releases grant them in arrival order,
 // and each waiter's release hands the key to the next.
@@ -253,19 +270,7 @@ func FairHeadTakesOver(t *testing.T, d Deployment, queueTTL time.Duration, px *f
 		t.Fatalf("queue_ttl %v: want at least 3s, so that a heartbeat cannot pass for the nudge", queueTTL)
 	}
 	bound := ttl + 300*time.Millisecond
-	type result struct {
-		lk  *locker.Lock
-		err error
-	}
-	wait := func(l *locker.Locker, key string, ctx context.Context) <-chan result {
-		c := make(chan result, 1)
-		go func() {
-			lk, err := l.Acquire(ctx, key, locker.WithTTL(ttl))
-			c <- result{lk, err}
-		}()
-		return c
-	}
-	grantedBy := func(t *testing.T, c <-chan result, cut time.Time, what string) *locker.Lock {
+	grantedBy := func(t *testing.T, c <-chan acquired, cut time.Time, what string) *locker.Lock {
 		t.Helper()
 		select {
 		case r := <-c:
@@ -292,9 +297,9 @@ func FairHeadTakesOver(t *testing.T, d Deployment, queueTTL time.Duration, px *f
 		if err != nil {
 			t.Fatal(err)
 		}
-		first := wait(Open(t, proxied), key, ctx)
+		first := acquireAsync(ctx, Open(t, proxied), key, ttl)
 		waitFor(t, 10*time.Second, "the first waiter in the queue", func() bool { return d.queueLen(t, key) == 1 })
-		second := wait(Open(t, d.URL), key, ctx)
+		second := acquireAsync(ctx, Open(t, d.URL), key, ttl)
 		waitFor(t, 10*time.Second, "the second waiter in the queue", func() bool { return d.queueLen(t, key) == 2 })
 		if err := holder.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -315,9 +320,9 @@ func FairHeadTakesOver(t *testing.T, d Deployment, queueTTL time.Duration, px *f
 			t.Fatal(err)
 		}
 		lctx, leave := context.WithCancel(ctx)
-		first := wait(Open(t, d.URL), key, lctx)
+		first := acquireAsync(lctx, Open(t, d.URL), key, ttl)
 		waitFor(t, 10*time.Second, "the first waiter in the queue", func() bool { return d.queueLen(t, key) == 1 })
-		second := wait(Open(t, d.URL), key, ctx)
+		second := acquireAsync(ctx, Open(t, d.URL), key, ttl)
 		waitFor(t, 10*time.Second, "the second waiter in the queue", func() bool { return d.queueLen(t, key) == 2 })
 		leave()
 		if r := <-first; r.err == nil {
@@ -557,16 +562,7 @@ func FairResetWaiter(t *testing.T, d Deployment, queueTTL time.Duration, px *fau
 	resetl := Open(t, proxied)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	type result struct {
-		lk  *locker.Lock
-		at  time.Time
-		err error
-	}
-	resetGot := make(chan result, 1)
-	go func() {
-		lk, err := resetl.Acquire(ctx, key, locker.WithTTL(10*time.Second))
-		resetGot <- result{lk, time.Now(), err}
-	}()
+	resetGot := acquireAsync(ctx, resetl, key, 10*time.Second)
 	waitFor(t, 10*time.Second, "the first waiter in the queue", func() bool { return d.queueLen(t, key) == 1 })
 	el := d.queueHead(t, key)
 	next := queued(t, d, Open(t, d.URL), key, 2)
