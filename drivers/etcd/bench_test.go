@@ -77,7 +77,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	}
 
 	b.Run("driver", func(b *testing.B) {
-		l, err := New(cli, Options{Prefix: pfx})
+		l, err := New(context.Background(), cli, &Options{Prefix: pfx})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -92,7 +92,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		})
 	})
 	b.Run("locker", func(b *testing.B) {
-		d, err := New(cli, Options{Prefix: pfx})
+		d, err := New(context.Background(), cli, &Options{Prefix: pfx})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -176,7 +176,7 @@ func BenchmarkAcquireReleaseInterleaved(b *testing.B) {
 	ctx := context.Background()
 	cli := (&counter{}).client(b)
 	pfx := "/bench-" + randHex(4)
-	l, err := New(cli, Options{Prefix: pfx})
+	l, err := New(context.Background(), cli, &Options{Prefix: pfx})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -328,7 +328,7 @@ func BenchmarkHandoff(b *testing.B) {
 		pfx := "/handoff-" + randHex(4)
 		b.Run("locker/waiters="+itoa(n), func(b *testing.B) {
 			benchHandoff(b, n, hold, func(b *testing.B, c *counter) worker {
-				d, err := New(c.client(b), Options{Prefix: pfx})
+				d, err := New(context.Background(), c.client(b), &Options{Prefix: pfx})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -88,7 +88,7 @@ func TestCutAcquireKeepsPriorHold(t *testing.T) {
 	pfx := uniquePrefix(t)
 	a, ad := openLocker(t, testURL(t)+pfx)
 	var cut replyCutter
-	b, err := New(cut.client(t), Options{Prefix: pfx})
+	b, err := New(context.Background(), cut.client(t), &Options{Prefix: pfx})
 	if err != nil {
 		t.Fatal(err)
 	}

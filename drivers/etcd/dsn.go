@@ -3,17 +3,13 @@ package etcd
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
-	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/dsn"
 )
 
 // Defaults for the URL query parameters and Options.
@@ -52,31 +48,18 @@ type config struct {
 }
 
 func invalid(format string, args ...any) error {
-	return fmt.Errorf("etcd: %s: %w", fmt.Sprintf(format, args...), driver.ErrInvalid)
+	return dsn.Invalid(Scheme, format, args...)
 }
 
 // parseDSN parses etcd://[user:password@]host:port[,host:port…][/prefix][?params].
-func parseDSN(dsn string) (*config, error) {
-	u, err := url.Parse(dsn)
+// Every error wraps driver.ErrInvalid and leaves the password out.
+func parseDSN(raw string) (*config, error) {
+	u, err := dsn.Parse(Scheme, raw, `"etcd"`, Scheme)
 	if err != nil {
-		// url.Error quotes the whole URL, password included; keep only
-		// the reason.
-		var ue *url.Error
-		reason := err
-		if e, ok := err.(*url.Error); ok {
-			ue = e
-			reason = ue.Err
-		}
-		return nil, invalid("malformed URL: %v", reason)
-	}
-	if u.Scheme != "etcd" {
-		return nil, invalid("URL scheme %q, want \"etcd\"", u.Scheme)
+		return nil, err
 	}
 	if u.Opaque != "" {
 		return nil, invalid("URL must be etcd://host:port[,host:port…][/prefix]")
-	}
-	if u.Fragment != "" {
-		return nil, invalid("URL has a fragment")
 	}
 	c := &config{
 		dialTimeout:      DefaultDialTimeout,
@@ -92,108 +75,99 @@ func parseDSN(dsn string) (*config, error) {
 			return nil, invalid("URL has a password but no user name")
 		}
 	}
-	if u.Host == "" {
-		return nil, invalid("URL has no host")
-	}
-	for _, h := range strings.Split(u.Host, ",") {
-		host, port, err := net.SplitHostPort(h)
-		if err != nil {
-			return nil, invalid("endpoint %q: want host:port", h)
-		}
-		if host == "" {
-			return nil, invalid("endpoint %q: empty host", h)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return nil, invalid("endpoint %q: bad port", h)
-		}
-		c.endpoints = append(c.endpoints, h)
+	if c.endpoints, err = dsn.HostPorts(Scheme, u.Host, ""); err != nil {
+		return nil, err
 	}
 	if c.prefix, err = cleanPrefix(u.Path); err != nil {
 		return nil, err
 	}
-
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return nil, invalid("malformed query: %v", err)
-	}
-	var (
-		useTLS                             bool
-		caFile, certFile, keyFile, srvName string
-		skipVerify                         bool
-	)
-	for name, vals := range q {
-		if len(vals) != 1 {
-			return nil, invalid("query parameter %q given %d times", name, len(vals))
-		}
-		v := vals[0]
-		var err error
-		switch name {
-		case "dial_timeout":
-			c.dialTimeout, err = positiveDuration(name, v)
-		case "request_timeout":
-			c.requestTimeout, err = positiveDuration(name, v)
-		case "keepalive_time":
-			c.keepAliveTime, err = positiveDuration(name, v)
-		case "keepalive_timeout":
-			c.keepAliveTimeout, err = positiveDuration(name, v)
-		case "auto_sync_interval":
-			c.autoSync, err = time.ParseDuration(v)
-			if err != nil || c.autoSync < 0 {
-				err = invalid("query parameter %s=%q: want a duration ≥ 0", name, v)
-			}
-		case "min_ttl":
-			c.minTTL, err = positiveDuration(name, v)
-			if err == nil && c.minTTL%time.Second != 0 {
-				err = invalid("query parameter min_ttl=%q: want whole seconds", v)
-			}
-		case "tls":
-			useTLS, err = parseBool(name, v)
-		case "ca_file":
-			caFile, useTLS = v, true
-		case "cert_file":
-			certFile, useTLS = v, true
-		case "key_file":
-			keyFile, useTLS = v, true
-		case "server_name":
-			srvName, useTLS = v, true
-		case "insecure_skip_verify":
-			skipVerify, err = parseBool(name, v)
-			useTLS = useTLS || skipVerify
-		default:
-			return nil, invalid("unknown query parameter %q", name)
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	if useTLS {
-		if c.tls, err = tlsConfig(caFile, certFile, keyFile, srvName, skipVerify); err != nil {
-			return nil, err
-		}
+	if err := c.parseQuery(u); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
 
-func positiveDuration(name, v string) (time.Duration, error) {
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		return 0, invalid("query parameter %s=%q: want a positive duration such as 5s", name, v)
-	}
-	return d, nil
-}
-
-func parseBool(name, v string) (bool, error) {
-	b, err := strconv.ParseBool(v)
+// parseQuery reads the query parameters of u into c.
+func (c *config) parseQuery(u *url.URL) error {
+	q, err := dsn.NewQuery(Scheme, u)
 	if err != nil {
-		return false, invalid("query parameter %s=%q: want true or false", name, v)
+		return err
 	}
-	return b, nil
+	for _, p := range []struct {
+		name string
+		dst  *time.Duration
+		min  time.Duration
+	}{
+		{"dial_timeout", &c.dialTimeout, dsn.Positive},
+		{"request_timeout", &c.requestTimeout, dsn.Positive},
+		{"keepalive_time", &c.keepAliveTime, dsn.Positive},
+		{"keepalive_timeout", &c.keepAliveTimeout, dsn.Positive},
+		{"auto_sync_interval", &c.autoSync, 0},
+		{"min_ttl", &c.minTTL, dsn.Positive},
+	} {
+		if err := q.Duration(p.name, p.dst, p.min, 0); err != nil {
+			return err
+		}
+	}
+	if c.minTTL%time.Second != 0 {
+		return invalid("query parameter min_ttl=%q: want whole seconds", c.minTTL)
+	}
+	if err := c.parseTLS(q); err != nil {
+		return err
+	}
+	return q.Done()
 }
 
-// cleanPrefix validates a key prefix taken from a URL path or Options: "" or
-// "/" mean DefaultPrefix; otherwise "/seg[/seg…]" with non-empty segments
-// other than "." and "..", made of printable UTF-8; a trailing "/" is
-// dropped.
+// parseTLS reads the TLS parameters: tls=true, or any of ca_file,
+// cert_file, key_file, server_name and insecure_skip_verify=true, turns
+// TLS on; tls=false with any of those is a contradiction.
+func (c *config) parseTLS(q *dsn.Query) error {
+	var (
+		useTLS, skipVerify bool
+		files              [4]string // ca_file, cert_file, key_file, server_name
+		implied            string    // a parameter that implies TLS
+	)
+	for i, name := range []string{"ca_file", "cert_file", "key_file", "server_name"} {
+		v, ok, err := q.Lookup(name)
+		if err != nil {
+			return err
+		}
+		if ok {
+			files[i], implied = v, name
+		}
+	}
+	if err := q.Bool("insecure_skip_verify", &skipVerify); err != nil {
+		return err
+	}
+	if skipVerify {
+		implied = "insecure_skip_verify"
+	}
+	v, tlsGiven, err := q.Lookup("tls")
+	if err != nil {
+		return err
+	}
+	if tlsGiven {
+		if useTLS, err = strconv.ParseBool(v); err != nil {
+			return invalid("query parameter tls=%q: want true or false", v)
+		}
+		if !useTLS && implied != "" {
+			return invalid("query parameters tls=false and %s contradict each other", implied)
+		}
+	}
+	if !useTLS && implied == "" {
+		return nil
+	}
+	c.tls, err = tlsConfig(files[0], files[1], files[2], files[3], skipVerify)
+	return err
+}
+
+// cleanPrefix validates a key prefix taken from a URL path or Options: ""
+// or "/" mean DefaultPrefix; otherwise "/seg[/seg…]" (a missing leading "/"
+// is added, a trailing "/" dropped). A segment is any non-empty bytes
+// (spaces, colons, newlines and non-UTF-8 included) other than "." and
+// "..", and other than "l" and "w", the names of the driver's own key
+// spaces under a prefix: since no prefix has those segments, no key under
+// one prefix is a key under another.
 func cleanPrefix(p string) (string, error) {
 	if p == "" || p == "/" {
 		return DefaultPrefix, nil
@@ -202,17 +176,12 @@ func cleanPrefix(p string) (string, error) {
 		p = "/" + p
 	}
 	p = strings.TrimSuffix(p, "/")
-	if !utf8.ValidString(p) {
-		return "", invalid("key prefix %q is not valid UTF-8", p)
-	}
-	for _, r := range p {
-		if !unicode.IsPrint(r) || r == ' ' {
-			return "", invalid("key prefix %q has a space or non-printable character", p)
-		}
-	}
-	for _, seg := range strings.Split(p[1:], "/") {
-		if seg == "" || seg == "." || seg == ".." {
+	for seg := range strings.SplitSeq(p[1:], "/") {
+		switch seg {
+		case "", ".", "..":
 			return "", invalid("key prefix %q has an empty, \".\" or \"..\" segment", p)
+		case "l", "w":
+			return "", invalid("key prefix %q has a segment %q, which the driver reserves for its keys", p, seg)
 		}
 	}
 	return p, nil

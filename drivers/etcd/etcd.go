@@ -42,21 +42,34 @@ var (
 // locker under the name "etcd".
 type Driver struct{}
 
-// Open parses dsn (see the package documentation for the format) and
-// returns a Locker with its own client. It does not wait for the cluster to
-// answer: an unreachable cluster shows up as errors wrapping
-// driver.ErrUnavailable from the first calls, each bounded by
-// request_timeout. With user and password, Open authenticates at once,
-// within dial_timeout, and an unreachable cluster or refused credentials
-// are an error wrapping driver.ErrUnavailable. A malformed URL, an unknown
-// query parameter or an invalid key prefix is an error wrapping
-// driver.ErrInvalid.
+// Open calls the package-level Open with context.Background().
 func (Driver) Open(dsn string) (driver.Locker, error) {
+	return Open(context.Background(), dsn)
+}
+
+// Open parses dsn (see the package documentation for the format) and
+// returns a Locker with its own client, which Close closes. Without user
+// and password it makes no request: an unreachable cluster shows up as
+// errors wrapping driver.ErrUnavailable from the first calls, each bounded
+// by request_timeout. With user and password, Open authenticates at once,
+// within dial_timeout, and an unreachable cluster or refused credentials
+// are an error wrapping driver.ErrUnavailable.
+//
+// ctx bounds Open only: once it is done, Open returns ctx.Err() (wrapped)
+// and closes the client it was creating; it is not kept by the Locker.
+//
+// Errors: a malformed URL, an unknown, repeated or bad query parameter, or
+// an invalid key prefix wraps driver.ErrInvalid (before any I/O, and never
+// containing the password).
+func Open(ctx context.Context, dsn string) (*Locker, error) {
 	cfg, err := parseDSN(dsn)
 	if err != nil {
 		return nil, err
 	}
-	c, err := clientv3.New(clientv3.Config{
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("etcd: open: %w", err)
+	}
+	c, err := dial(ctx, clientv3.Config{
 		Endpoints:            cfg.endpoints,
 		AutoSyncInterval:     cfg.autoSync,
 		DialTimeout:          cfg.dialTimeout,
@@ -68,17 +81,47 @@ func (Driver) Open(dsn string) (driver.Locker, error) {
 		Logger:               zap.NewNop(),
 	})
 	if err != nil {
-		// With credentials, New authenticates at once: the cluster was
-		// unreachable, or refused the user name or password.
-		return nil, fmt.Errorf("etcd: connect to %v: %w: %w", cfg.endpoints, driver.ErrUnavailable, err)
+		return nil, err
 	}
 	return newLocker(c, true, cfg.prefix, cfg.minTTL, cfg.requestTimeout), nil
 }
 
-// Options configures New. The zero value is valid.
+// dial creates a client for cfg, giving up when ctx is done (the client,
+// if it comes later, is closed).
+func dial(ctx context.Context, cfg clientv3.Config) (*clientv3.Client, error) {
+	type result struct {
+		c   *clientv3.Client
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		c, err := clientv3.New(cfg)
+		ch <- result{c, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			// With credentials, New authenticates at once: the cluster was
+			// unreachable, or refused the user name or password.
+			return nil, fmt.Errorf("etcd: connect to %v: %w: %w", cfg.Endpoints, driver.ErrUnavailable, r.err)
+		}
+		return r.c, nil
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.c != nil {
+				_ = r.c.Close()
+			}
+		}()
+		return nil, fmt.Errorf("etcd: connect to %v: %w", cfg.Endpoints, ctx.Err())
+	}
+}
+
+// Options configures New. A nil *Options, and the zero value, mean every
+// default.
 type Options struct {
 	// Prefix is the key prefix, like the URL path: "/app" stores locks
-	// under "/app/l/". Empty means DefaultPrefix ("/locker").
+	// under "/app/l/". Empty means DefaultPrefix ("/locker"). The rules
+	// are those of the URL path (see the package documentation).
 	Prefix string
 	// MinTTL is the shortest TTL accepted, a whole number of seconds.
 	// Zero means DefaultMinTTL (2s).
@@ -88,12 +131,19 @@ type Options struct {
 	RequestTimeout time.Duration
 }
 
-// New returns a Locker that uses the caller's client c. Close does not close
-// c. It returns an error wrapping driver.ErrInvalid if c is nil or o is
-// invalid (bad prefix, MinTTL not whole seconds, negative values).
-func New(c *clientv3.Client, o Options) (*Locker, error) {
+// New returns a Locker that uses the caller's client c, configured by opts
+// (nil means every default). Close does not close c. New makes no request;
+// ctx is not kept.
+//
+// Errors: driver.ErrInvalid if c is nil or opts is invalid (a bad prefix,
+// MinTTL not a whole number of seconds, negative values).
+func New(ctx context.Context, c *clientv3.Client, opts *Options) (*Locker, error) {
 	if c == nil {
 		return nil, invalid("nil client")
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
 	}
 	prefix, err := cleanPrefix(o.Prefix)
 	if err != nil {

@@ -114,7 +114,7 @@ func TestCapabilities(t *testing.T) {
 func TestNewAdoptsClient(t *testing.T) {
 	c := etcdtest.Start(t)
 	cli := c.Client(t)
-	l, err := New(cli, Options{Prefix: "/adopted"})
+	l, err := New(context.Background(), cli, &Options{Prefix: "/adopted"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,11 +137,11 @@ func TestNewAdoptsClient(t *testing.T) {
 	if _, err := cli.Get(ctx, "x"); err != nil {
 		t.Fatalf("client closed by Locker.Close: %v", err)
 	}
-	if _, err := New(nil, Options{}); !errors.Is(err, driver.ErrInvalid) {
+	if _, err := New(context.Background(), nil, &Options{}); !errors.Is(err, driver.ErrInvalid) {
 		t.Fatalf("New(nil): %v", err)
 	}
 	for _, o := range []Options{{Prefix: "/a//b"}, {MinTTL: 1500 * time.Millisecond}, {MinTTL: -time.Second}, {RequestTimeout: -1}} {
-		if _, err := New(cli, o); !errors.Is(err, driver.ErrInvalid) {
+		if _, err := New(context.Background(), cli, &o); !errors.Is(err, driver.ErrInvalid) {
 			t.Fatalf("New(%+v): %v", o, err)
 		}
 	}

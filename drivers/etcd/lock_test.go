@@ -171,7 +171,7 @@ func TestUnreachableEndpoint(t *testing.T) {
 // (etcd #22082).
 func TestReleaseComparesRevision(t *testing.T) {
 	a := openTest(t, "")
-	b, err := New(a.Client(), Options{Prefix: a.Prefix()})
+	b, err := New(context.Background(), a.Client(), &Options{Prefix: a.Prefix()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -112,7 +112,7 @@ func TestWaitSessionLoss(t *testing.T) {
 	if _, err := h.Acquire(ctx, "k", "h", 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	w2, err := New(w.Client(), Options{Prefix: h.Prefix()})
+	w2, err := New(context.Background(), w.Client(), &Options{Prefix: h.Prefix()})
 	if err != nil {
 		t.Fatal(err)
 	}

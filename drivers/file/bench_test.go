@@ -19,7 +19,7 @@ import (
 //	go test -run '^$' -bench . -benchmem ./drivers/file
 
 func BenchmarkAcquireRelease(b *testing.B) {
-	l, err := Open("file://" + b.TempDir())
+	l, err := Open(context.Background(), "file://"+b.TempDir())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func BenchmarkRawSyscalls(b *testing.B) {
 
 // BenchmarkRefresh is one renewal of a held lock.
 func BenchmarkRefresh(b *testing.B) {
-	l, err := Open("file://" + b.TempDir())
+	l, err := Open(context.Background(), "file://"+b.TempDir())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func TestConformance(t *testing.T) {
 		dir = t.TempDir()
 	}
 	conformance.Run(t, conformance.Harness{
-		Open:     func(context.Context) (driver.Locker, error) { return Open("file://" + dir) },
+		Open:     func(context.Context) (driver.Locker, error) { return Open(context.Background(), "file://"+dir) },
 		Pause:    true,
 		ChildEnv: []string{dirEnv + "=" + dir},
 	})

@@ -1,15 +1,12 @@
 package file
 
 import (
-	"errors"
-	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
-	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/dsn"
 )
 
 // DefaultPerm is the permission of lock files when the URL has no perm
@@ -33,60 +30,54 @@ func DefaultDir() string {
 
 // parseDSN parses "file://", "file:///abs/dir" or "file://localhost/abs/dir"
 // with an optional perm query parameter. Every error wraps driver.ErrInvalid.
-func parseDSN(dsn string) (config, error) {
-	u, err := url.Parse(dsn)
+func parseDSN(raw string) (config, error) {
+	u, err := dsn.Parse("file", raw, "file", "file")
 	if err != nil {
-		var uerr *url.Error
-		if errors.As(err, &uerr) {
-			err = uerr.Err
-		}
-		return config{}, fmt.Errorf("file: malformed URL: %w: %w", driver.ErrInvalid, err)
+		return config{}, err
 	}
-	if !strings.EqualFold(u.Scheme, "file") {
-		return config{}, fmt.Errorf("file: %w: URL scheme %q, want file", driver.ErrInvalid, u.Scheme)
-	}
-	if u.Opaque != "" {
-		return config{}, fmt.Errorf("file: %w: relative path %q, want file:///absolute/dir or file://", driver.ErrInvalid, u.Opaque)
-	}
-	if u.User != nil {
-		return config{}, fmt.Errorf("file: %w: URL has user information, which a file URL cannot use", driver.ErrInvalid)
-	}
-	if h := u.Host; h != "" && !strings.EqualFold(h, "localhost") {
-		return config{}, fmt.Errorf("file: %w: host %q, want none or localhost (file locks are local to one host)", driver.ErrInvalid, h)
-	}
-	if u.Fragment != "" {
-		return config{}, fmt.Errorf("file: %w: URL has a fragment", driver.ErrInvalid)
+	switch h := u.Host; {
+	case u.Opaque != "":
+		return config{}, dsn.Invalid("file", "relative path %q, want file:///absolute/dir or file://", u.Opaque)
+	case u.User != nil:
+		return config{}, dsn.Invalid("file", "URL has user information, which a file URL cannot use")
+	case h != "" && !strings.EqualFold(h, "localhost"):
+		return config{}, dsn.Invalid("file", "host %q, want none or localhost (file locks are local to one host)", h)
 	}
 	c := config{perm: DefaultPerm}
 	switch p := u.Path; {
 	case p == "":
 		c.dir, c.defaultDir = DefaultDir(), true
 	case !strings.HasPrefix(p, "/"):
-		return config{}, fmt.Errorf("file: %w: path %q is not absolute", driver.ErrInvalid, p)
+		return config{}, dsn.Invalid("file", "path %q is not absolute", p)
 	default:
 		c.dir = filepath.Clean(p)
 	}
-	q, err := url.ParseQuery(u.RawQuery)
+	q, err := dsn.NewQuery("file", u)
 	if err != nil {
-		return config{}, fmt.Errorf("file: %w: malformed query: %w", driver.ErrInvalid, err)
+		return config{}, err
 	}
-	for name, vals := range q {
-		if len(vals) != 1 {
-			return config{}, fmt.Errorf("file: %w: query parameter %q given %d times", driver.ErrInvalid, name, len(vals))
+	v, ok, err := q.Lookup("perm")
+	if err != nil {
+		return config{}, err
+	}
+	if ok {
+		if c.perm, err = parsePerm(v); err != nil {
+			return config{}, err
 		}
-		v := vals[0]
-		switch name {
-		case "perm":
-			n, err := strconv.ParseUint(v, 8, 32)
-			if err != nil || n&^0o666 != 0 || n&0o600 != 0o600 {
-				return config{}, fmt.Errorf("file: %w: perm=%q: want octal permission bits between 0600 and 0666", driver.ErrInvalid, v)
-			}
-			c.perm = os.FileMode(n)
-		default:
-			return config{}, fmt.Errorf("file: %w: unknown query parameter %q (known: perm)", driver.ErrInvalid, name)
-		}
+	}
+	if err := q.Done(); err != nil {
+		return config{}, err
 	}
 	return c, nil
+}
+
+// parsePerm parses the octal perm parameter: between 0600 and 0666.
+func parsePerm(v string) (os.FileMode, error) {
+	n, err := strconv.ParseUint(v, 8, 32)
+	if err != nil || n&^0o666 != 0 || n&0o600 != 0o600 {
+		return 0, dsn.Invalid("file", "perm=%q: want octal permission bits between 0600 and 0666", v)
+	}
+	return os.FileMode(n), nil
 }
 
 // dirPerm is the permission of a directory created for files of perm: the

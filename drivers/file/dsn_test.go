@@ -1,6 +1,7 @@
 package file
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -53,7 +54,7 @@ func TestParseDSNInvalid(t *testing.T) {
 		"file:///dir?%zz":                 "malformed query",
 		"file://%zz/":                     "malformed URL",
 	} {
-		_, err := Open(dsn)
+		_, err := Open(context.Background(), dsn)
 		if !errors.Is(err, driver.ErrInvalid) {
 			t.Errorf("Open(%q) = %v, want ErrInvalid", dsn, err)
 			continue
@@ -69,7 +70,7 @@ func TestParseDSNInvalid(t *testing.T) {
 
 func TestOpenCreatesDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "a", "b")
-	l, err := Open("file://" + dir + "?perm=0660")
+	l, err := Open(context.Background(), "file://"+dir+"?perm=0660")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestOpenUnusableDir(t *testing.T) {
 	if err := os.WriteFile(f, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Open("file://" + f + "/sub")
+	_, err := Open(context.Background(), "file://"+f+"/sub")
 	if err == nil || errors.Is(err, driver.ErrInvalid) || !strings.HasPrefix(err.Error(), "file: ") {
 		t.Fatalf("Open under a regular file = %v, want a file system error", err)
 	}
@@ -100,7 +101,7 @@ func TestOpenUnusableDir(t *testing.T) {
 func TestOpenDefaultDir(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
-	l, err := Open("file://")
+	l, err := Open(context.Background(), "file://")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +118,7 @@ func TestOpenDefaultDir(t *testing.T) {
 	if err := os.Chmod(want, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open("file://"); err == nil || !strings.Contains(err.Error(), "writable by other users") {
+	if _, err := Open(context.Background(), "file://"); err == nil || !strings.Contains(err.Error(), "writable by other users") {
 		t.Fatalf("Open with a world-writable default dir = %v", err)
 	}
 	// So is a file planted in its place.
@@ -127,7 +128,7 @@ func TestOpenDefaultDir(t *testing.T) {
 	if err := os.WriteFile(want, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open("file://"); err == nil {
+	if _, err := Open(context.Background(), "file://"); err == nil {
 		t.Fatal("Open with a file as the default dir succeeded")
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/dsn"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,8 +22,8 @@ func init() { locker.Register("file", Driver{}) }
 // name and URL scheme "file".
 type Driver struct{}
 
-// Open calls package-level Open.
-func (Driver) Open(dsn string) (driver.Locker, error) { return Open(dsn) }
+// Open calls the package-level Open with context.Background().
+func (Driver) Open(dsn string) (driver.Locker, error) { return Open(context.Background(), dsn) }
 
 // Limits on what Acquire accepts; longer values fail with driver.ErrInvalid.
 const (
@@ -57,15 +58,60 @@ var (
 
 // Open returns a Locker for dsn, "file://" (the DefaultDir) or
 // "file:///absolute/dir", with the optional query parameter perm (see the
-// package documentation). It creates the directory if it is missing.
+// package documentation). It creates the directory if it is missing. ctx
+// bounds Open only: an Open whose ctx is already done returns ctx.Err()
+// (wrapped).
 //
 // Errors: a malformed URL or an unknown or bad parameter wraps
 // driver.ErrInvalid; a directory that cannot be created or written, or a
 // default directory that another user owns or can write, fails with the
 // file system's error.
-func Open(dsn string) (*Locker, error) {
+func Open(ctx context.Context, dsn string) (*Locker, error) {
 	c, err := parseDSN(dsn)
 	if err != nil {
+		return nil, err
+	}
+	return openDir(ctx, c)
+}
+
+// Options configures New. A nil *Options, and the zero value, mean every
+// default.
+type Options struct {
+	// Perm is the permission of lock files, and of the directory if New
+	// creates it (plus the matching search bits): between 0600 and 0666.
+	// Zero means DefaultPerm (0600).
+	Perm os.FileMode
+}
+
+// New returns a Locker that keeps its lock files in dir, an absolute path,
+// or in DefaultDir() if dir is empty, creating the directory if it is
+// missing; New(ctx, "/var/lock/app", nil) is Open(ctx,
+// "file:///var/lock/app"). ctx bounds New only, as for Open.
+//
+// Errors: a relative dir or a Perm out of range wraps driver.ErrInvalid;
+// otherwise as for Open.
+func New(ctx context.Context, dir string, opts *Options) (*Locker, error) {
+	c := config{dir: dir, perm: DefaultPerm}
+	switch {
+	case dir == "":
+		c.dir, c.defaultDir = DefaultDir(), true
+	case !filepath.IsAbs(dir):
+		return nil, dsn.Invalid("file", "directory %q is not an absolute path", dir)
+	default:
+		c.dir = filepath.Clean(dir)
+	}
+	if opts != nil && opts.Perm != 0 {
+		if opts.Perm&^0o666 != 0 || opts.Perm&0o600 != 0o600 {
+			return nil, dsn.Invalid("file", "Perm %#o: want permission bits between 0600 and 0666", uint32(opts.Perm))
+		}
+		c.perm = opts.Perm
+	}
+	return openDir(ctx, c)
+}
+
+// openDir opens a Locker on the directory c names, creating it if needed.
+func openDir(ctx context.Context, c config) (*Locker, error) {
+	if err := ctxErr(ctx); err != nil {
 		return nil, err
 	}
 	boot, err := bootID()

@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 
 func open(t testing.TB, dir string) *Locker {
 	t.Helper()
-	l, err := Open("file://" + dir)
+	l, err := Open(context.Background(), "file://"+dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,7 +450,7 @@ func (h *helper) expect(t *testing.T, want string) {
 func helperMain() int {
 	args := os.Args[2:]
 	dir, mode, arg := args[0], args[1], args[2]
-	l, err := Open("file://" + dir)
+	l, err := Open(context.Background(), "file://"+dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -18,17 +18,29 @@
 // Every Open of the same store shares it, so several lockers on one store
 // behave like separate processes talking to one server. Any other part in
 // the URL (user, port, path, query) is an error wrapping driver.ErrInvalid.
+//
+// In Go code, Open(ctx, "mem://NAME") returns a *Locker, and
+// New(ctx, NewStore(), nil) (or NewStore().Locker()) a client of a store
+// private to the caller.
 package mem
 
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"sync"
 	"time"
 
 	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/dsn"
+)
+
+var (
+	_ driver.Locker    = (*Locker)(nil)
+	_ driver.Waiter    = (*Locker)(nil)
+	_ driver.Inspector = (*Locker)(nil)
+	_ driver.Capable   = (*Locker)(nil)
+	_ driver.Pinger    = (*Locker)(nil)
 )
 
 func init() {
@@ -43,9 +55,18 @@ var (
 	stores   = map[string]*Store{}
 )
 
-// Open returns a Locker on the store named by dsn: "" or "mem://" for the
-// default store, "mem://NAME" for a named one. Errors wrap driver.ErrInvalid.
+// Open calls the package-level Open with context.Background().
 func (Driver) Open(dsn string) (driver.Locker, error) {
+	return Open(context.Background(), dsn)
+}
+
+// Open returns a Locker on the store named by dsn: "" or "mem://" for the
+// process-wide default store, "mem://NAME" for the store called NAME,
+// created on first use. It makes no I/O; ctx is not kept.
+//
+// Errors: anything else in dsn (user, port, path, query, fragment, another
+// scheme) wraps driver.ErrInvalid.
+func Open(ctx context.Context, dsn string) (*Locker, error) {
 	name, err := parseDSN(dsn)
 	if err != nil {
 		return nil, err
@@ -57,26 +78,41 @@ func (Driver) Open(dsn string) (driver.Locker, error) {
 		stores[name] = s
 	}
 	storesMu.Unlock()
-	return s.Locker(), nil
+	return &Locker{s: s}, nil
 }
 
-func parseDSN(dsn string) (string, error) {
-	if dsn == "" {
+// Options configures New. It has no fields yet: nil and &Options{} are
+// the same, and mean the defaults.
+type Options struct{}
+
+// New returns a new client of the store s, like s.Locker(): each client
+// behaves like a separate process talking to one server. It makes no I/O;
+// ctx is not kept.
+//
+// Errors: a nil s wraps driver.ErrInvalid.
+func New(ctx context.Context, s *Store, opts *Options) (*Locker, error) {
+	if s == nil {
+		return nil, dsn.Invalid("mem", "nil store")
+	}
+	return &Locker{s: s}, nil
+}
+
+func parseDSN(raw string) (string, error) {
+	if raw == "" {
 		return "", nil
 	}
-	u, err := url.Parse(dsn)
+	u, err := dsn.Parse("mem", raw, "mem://", "mem")
 	if err != nil {
-		return "", fmt.Errorf("mem: %w: malformed URL", driver.ErrInvalid)
+		return "", err
 	}
-	switch {
-	case u.Scheme != "mem":
-		return "", fmt.Errorf("mem: %w: scheme %q, want mem://", driver.ErrInvalid, u.Scheme)
-	case u.Opaque != "" || u.User != nil || u.Port() != "" || (u.Path != "" && u.Path != "/") || u.Fragment != "":
-		return "", fmt.Errorf("mem: %w: want mem:// or mem://NAME, nothing else", driver.ErrInvalid)
-	case u.RawQuery != "":
-		return "", fmt.Errorf("mem: %w: unknown query parameters %q (mem takes none)", driver.ErrInvalid, u.RawQuery)
+	if u.Opaque != "" || u.User != nil || u.Port() != "" || (u.Path != "" && u.Path != "/") {
+		return "", dsn.Invalid("mem", "want mem:// or mem://NAME, nothing else")
 	}
-	return u.Host, nil
+	q, err := dsn.NewQuery("mem", u)
+	if err != nil {
+		return "", err
+	}
+	return u.Host, q.Done()
 }
 
 // Store is an in-memory lock server. Its methods are safe for concurrent use.
@@ -99,10 +135,9 @@ func NewStore() *Store {
 	return &Store{locks: map[string]*entry{}, subs: map[string]map[chan struct{}]struct{}{}}
 }
 
-// Locker returns a new client of the store; each behaves like a separate
-// process. It implements driver.Locker, driver.Waiter, driver.Inspector and
-// driver.Capable.
-func (s *Store) Locker() driver.Locker { return &conn{s: s} }
+// Locker returns a new client of the store, a *Locker; each behaves like a
+// separate process. It is New(ctx, s, nil) without the error.
+func (s *Store) Locker() driver.Locker { return &Locker{s: s} }
 
 // live returns key's entry if it has not expired. s.mu is held.
 func (s *Store) live(key string, now time.Time) *entry {
@@ -137,13 +172,16 @@ func (s *Store) expire(key string, e *entry) {
 	}
 }
 
-type conn struct {
+// Locker is a client of a Store. It implements driver.Locker,
+// driver.Waiter, driver.Inspector, driver.Capable and driver.Pinger, and is
+// safe for concurrent use.
+type Locker struct {
 	s      *Store
 	mu     sync.Mutex
 	closed bool
 }
 
-func (c *conn) check(ctx context.Context, key string) error {
+func (c *Locker) check(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("mem: %w", err)
 	}
@@ -166,8 +204,13 @@ func checkTTL(ttl time.Duration) error {
 	return nil
 }
 
-// Acquire implements driver.Locker.
-func (c *conn) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+// Acquire takes key for owner for ttl, or resets the ttl and returns the
+// same token if owner holds it already. Tokens come from one counter per
+// store. Errors: a *driver.HeldError (matching driver.ErrNotAcquired) with
+// the holder's remaining TTL if another owner holds key; driver.ErrInvalid
+// for an empty key or a ttl that is not positive; driver.ErrClosed after
+// Close; ctx.Err() (wrapped) if ctx is done.
+func (c *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	if err := c.check(ctx, key); err != nil {
 		return 0, err
 	}
@@ -204,8 +247,11 @@ func notHeld(e *entry, now time.Time) error {
 	return fmt.Errorf("mem: %w: %w", driver.ErrNotHeld, &driver.HeldError{Remaining: e.expires.Sub(now)})
 }
 
-// Refresh implements driver.Locker.
-func (c *conn) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+// Refresh resets the ttl of the lock owner holds on key. Errors:
+// driver.ErrNotHeld if owner does not hold it, which also matches
+// driver.ErrNotAcquired (a *driver.HeldError) when another owner does, otherwise as
+// for Acquire.
+func (c *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := c.check(ctx, key); err != nil {
 		return err
 	}
@@ -225,8 +271,10 @@ func (c *conn) Refresh(ctx context.Context, key, owner string, ttl time.Duration
 	return nil
 }
 
-// Release implements driver.Locker.
-func (c *conn) Release(ctx context.Context, key, owner string) error {
+// Release frees key if owner holds it, waking its subscribers. Errors:
+// driver.ErrNotHeld (changing nothing) if owner does not hold it, otherwise
+// as for Acquire.
+func (c *Locker) Release(ctx context.Context, key, owner string) error {
 	if err := c.check(ctx, key); err != nil {
 		return err
 	}
@@ -242,8 +290,10 @@ func (c *conn) Release(ctx context.Context, key, owner string) error {
 	return nil
 }
 
-// Inspect implements driver.Inspector.
-func (c *conn) Inspect(ctx context.Context, key string) (driver.Info, error) {
+// Inspect returns the holder of key, its token and remaining TTL, and
+// changes nothing. Errors: driver.ErrNotHeld if key is free, otherwise as
+// for Acquire.
+func (c *Locker) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	if err := c.check(ctx, key); err != nil {
 		return driver.Info{}, err
 	}
@@ -260,7 +310,7 @@ func (c *conn) Inspect(ctx context.Context, key string) (driver.Info, error) {
 
 // Subscribe implements driver.Waiter: wake receives a value whenever key is
 // released or expires.
-func (c *conn) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+func (c *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
 	if err := c.check(ctx, key); err != nil {
 		return nil, nil, err
 	}
@@ -288,16 +338,17 @@ func (c *conn) Subscribe(ctx context.Context, key string) (<-chan struct{}, func
 
 // Capabilities implements driver.Capable: any positive TTL is kept exactly,
 // and tokens never go backwards for the life of the store.
-func (c *conn) Capabilities() driver.Capabilities {
+func (c *Locker) Capabilities() driver.Capabilities {
 	return driver.Capabilities{DurableTokens: true}
 }
 
-// Ping implements driver.Pinger.
-func (c *conn) Ping(ctx context.Context) error { return c.check(ctx, "-") }
+// Ping returns nil, or driver.ErrClosed after Close, or ctx.Err()
+// (wrapped) if ctx is done.
+func (c *Locker) Ping(ctx context.Context) error { return c.check(ctx, "-") }
 
 // Close implements driver.Locker. Locks taken through c stay in the store
 // until released or expired, as on a real server. Closing twice is a no-op.
-func (c *conn) Close() error {
+func (c *Locker) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true
