@@ -71,9 +71,12 @@ func TestParseDSNInvalid(t *testing.T) {
 		"etcd://h:1/a//b",
 		"etcd://h:1/a/../b",
 		"etcd://h:1/./b",
-		"etcd://h:1/a%20b",
-		"etcd://h:1/a%00b",
-		"etcd://h:1/a%ffb",
+		"etcd://h:1/a/l/b",
+		"etcd://h:1/w",
+		"etcd://h:1/l/",
+		"etcd://h:1,h:1",
+		"etcd://h:1?tls=false&ca_file=/x",
+		"etcd://h:1?insecure_skip_verify=true&tls=false",
 		"etcd://h:1?unknown=1",
 		"etcd://h:1?dial_timeout=0s",
 		"etcd://h:1?dial_timeout=abc",
@@ -99,6 +102,26 @@ func TestParseDSNInvalid(t *testing.T) {
 		// Open rejects it the same way, before any I/O.
 		if _, err := (Driver{}).Open(dsn); !errors.Is(err, driver.ErrInvalid) {
 			t.Errorf("Open(%q) = %v, want ErrInvalid", dsn, err)
+		}
+	}
+}
+
+// A prefix is opaque bytes between its "/" separators: spaces, colons,
+// newlines, braces and non-UTF-8 bytes are kept as they are.
+func TestParseDSNOpaquePrefix(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"etcd://h:1/a%20b":              "/a b",
+		"etcd://h:1/a%00b":              "/a\x00b",
+		"etcd://h:1/a%ffb/":             "/a\xffb",
+		"etcd://h:1/t%3A1/%7Bx%7D%0Ay":  "/t:1/{x}\ny",
+		"etcd://h:1/ll/ww/l1":           "/ll/ww/l1",
+		"etcd://h:1/tenant%2042/report": "/tenant 42/report",
+	} {
+		c, err := parseDSN(dsn)
+		if err != nil {
+			t.Errorf("parseDSN(%q): %v", dsn, err)
+		} else if c.prefix != want {
+			t.Errorf("parseDSN(%q): prefix %q, want %q", dsn, c.prefix, want)
 		}
 	}
 }

@@ -147,6 +147,38 @@ func TestNewAdoptsClient(t *testing.T) {
 	}
 }
 
+// Open(ctx, dsn) returns a *Locker on a client of its own; New with nil
+// options uses every default; a ctx done before Open returns its error.
+func TestOpenAndNewDefaults(t *testing.T) {
+	ctx := testCtx(t)
+	l, err := Open(ctx, testURL(t)+uniquePrefix(t)+"?min_ttl=3s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l.Capabilities().MinTTL != 3*time.Second {
+		t.Fatalf("Open: min_ttl not applied: %+v", l.Capabilities())
+	}
+	n, err := New(ctx, l.Client(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Prefix() != DefaultPrefix || n.Capabilities().MinTTL != DefaultMinTTL {
+		t.Fatalf("New(nil options): prefix %q, min TTL %v", n.Prefix(), n.Capabilities().MinTTL)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Ping(ctx); err != nil {
+		t.Fatalf("the client of Open was closed by the Close of a New on it: %v", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := Open(cctx, testURL(t)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Open with a cancelled ctx: %v", err)
+	}
+}
+
 func TestRegisteredAndOpenURL(t *testing.T) {
 	found := false
 	for _, n := range locker.Drivers() {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/go-locker/locker/driver"
@@ -90,6 +91,9 @@ func (l *Locker) acquire(ctx context.Context, k, owner string, secs int64) (uint
 	return 0, lastErr
 }
 
+// tryAcquire makes one Acquire transaction on k with a fresh lease. retry
+// says whether the state it saw changed under it, so that another attempt
+// may succeed.
 func (l *Locker) tryAcquire(ctx context.Context, k, owner string, secs int64) (token uint64, retry bool, err error) {
 	le, wait, err := l.freshLease(ctx, secs)
 	if err != nil {
@@ -123,22 +127,28 @@ func (l *Locker) tryAcquire(ctx context.Context, k, owner string, secs int64) (t
 	}
 	if kaErr != nil {
 		l.revokeBG(le.id)
-	} else {
-		defer func() {
-			if le != nil {
-				l.putSpare(*le)
-			}
-		}()
+		le = nil // unusable: its renewal failed
 	}
-	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	token, retry, used, err := l.acquireHeld(ctx, k, owner, secs, resp.Responses[0].GetResponseRange().GetKvs(), le, kaErr)
+	if le != nil && !used {
+		l.putSpare(*le)
+	}
+	return token, retry, err
+}
+
+// acquireHeld finishes an Acquire whose transaction found k held; kvs is
+// k as the transaction read it. If owner holds k, its lease is renewed, or
+// k is moved to le, the fresh lease of the TTL asked (nil if its renewal
+// failed with kaErr). used reports whether le was taken (it then holds k,
+// or may, and must not be reused).
+func (l *Locker) acquireHeld(ctx context.Context, k, owner string, secs int64, kvs []*mvccpb.KeyValue, le *lease, kaErr error) (token uint64, retry, used bool, err error) {
 	if len(kvs) == 0 {
-		return 0, true, errors.New("lock key vanished inside a transaction")
+		return 0, true, false, errors.New("lock key vanished inside a transaction")
 	}
 	kv := kvs[0]
 	if string(kv.Value) != owner {
-		return 0, false, driver.ErrNotAcquired
+		return 0, false, false, driver.ErrNotAcquired
 	}
-
 	// Idempotent acquire: owner holds k already. Renew its lease, or move
 	// the key to a lease of the new TTL.
 	cur := lease{id: clientv3.LeaseID(kv.Lease), secs: secs}
@@ -147,17 +157,15 @@ func (l *Locker) tryAcquire(ctx context.Context, k, owner string, secs int64) (t
 	}
 	granted, err := l.keepAlive(ctx, &cur)
 	if err != nil {
-		if isLeaseNotFound(err) && ctx.Err() == nil {
-			return 0, true, err // it expired just now: try again
-		}
-		return 0, false, err
+		// An expired lease (it expired just now): try again.
+		return 0, isLeaseNotFound(err) && ctx.Err() == nil, false, err
 	}
 	if granted == secs {
 		l.remember(k, holding{owner: owner, rev: kv.CreateRevision, lease: cur})
-		return uint64(kv.CreateRevision), false, nil
+		return uint64(kv.CreateRevision), false, false, nil
 	}
-	if kaErr != nil {
-		return 0, true, kaErr
+	if le == nil {
+		return 0, true, false, kaErr
 	}
 	moved, err := l.moveLease(ctx, k, owner, kv.CreateRevision, *le)
 	if err != nil {
@@ -165,17 +173,14 @@ func (l *Locker) tryAcquire(ctx context.Context, k, owner string, secs int64) (t
 		// before this attempt (through this Locker or another), so it
 		// must not be revoked: le is left to expire on its own, holding
 		// at most that key, for the TTL asked.
-		le = nil
-		return 0, false, err
+		return 0, false, true, err
 	}
 	if !moved {
-		return 0, true, errors.New("lock changed while moving it to a new lease")
+		return 0, true, false, errors.New("lock changed while moving it to a new lease")
 	}
 	l.revokeBG(cur.id)
 	l.remember(k, holding{owner: owner, rev: kv.CreateRevision, lease: *le})
-	tok := uint64(kv.CreateRevision)
-	le = nil // in use now
-	return tok, false, nil
+	return uint64(kv.CreateRevision), false, true, nil
 }
 
 // moveLease attaches k to le if k is still the incarnation rev held by owner.
