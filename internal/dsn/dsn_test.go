@@ -29,11 +29,11 @@ func TestParse(t *testing.T) {
 		t.Fatalf("Parse: %+v, %v", u, err)
 	}
 	for raw, want := range map[string]string{
-		"x://u:s3cret@h:1/%zz": "malformed URL",
+		"x://u:s3cret@h:1/%zz":  "malformed URL",
 		"x://u:s3cret@h:1/\x7f": "malformed URL",
-		"z://h":                `URL scheme "z", want x`,
-		"x://h#f":              "fragment",
-		"%zz":                  "malformed URL",
+		"z://h":                 `URL scheme "z", want x`,
+		"x://h#f":               "fragment",
+		"%zz":                   "malformed URL",
 	} {
 		_, err := Parse("x", raw, "x", "x")
 		wantInvalid(t, raw, err, want)
