@@ -112,53 +112,62 @@ func (c *config) parseQuery(u *url.URL) error {
 	if c.minTTL%time.Second != 0 {
 		return invalid("query parameter min_ttl=%q: want whole seconds", c.minTTL)
 	}
-	if err := c.parseTLS(q); err != nil {
+	tp, err := readTLS(q)
+	if err != nil {
 		return err
 	}
-	return q.Done()
+	if err := q.Done(); err != nil {
+		return err
+	}
+	if tp.on {
+		c.tls, err = tlsConfig(tp.files[0], tp.files[1], tp.files[2], tp.files[3], tp.skipVerify)
+	}
+	return err
 }
 
-// parseTLS reads the TLS parameters: tls=true, or any of ca_file,
+// tlsParams are the TLS query parameters.
+type tlsParams struct {
+	on, skipVerify bool
+	files          [4]string // ca_file, cert_file, key_file, server_name
+}
+
+// readTLS reads the TLS parameters: tls=true, or any of ca_file,
 // cert_file, key_file, server_name and insecure_skip_verify=true, turns
 // TLS on; tls=false with any of those is a contradiction.
-func (c *config) parseTLS(q *dsn.Query) error {
+func readTLS(q *dsn.Query) (tlsParams, error) {
 	var (
-		useTLS, skipVerify bool
-		files              [4]string // ca_file, cert_file, key_file, server_name
-		implied            string    // a parameter that implies TLS
+		tp      tlsParams
+		implied string // a parameter that implies TLS
 	)
 	for i, name := range []string{"ca_file", "cert_file", "key_file", "server_name"} {
 		v, ok, err := q.Lookup(name)
 		if err != nil {
-			return err
+			return tp, err
 		}
 		if ok {
-			files[i], implied = v, name
+			tp.files[i], implied = v, name
 		}
 	}
-	if err := q.Bool("insecure_skip_verify", &skipVerify); err != nil {
-		return err
+	if err := q.Bool("insecure_skip_verify", &tp.skipVerify); err != nil {
+		return tp, err
 	}
-	if skipVerify {
+	if tp.skipVerify {
 		implied = "insecure_skip_verify"
 	}
-	v, tlsGiven, err := q.Lookup("tls")
+	v, given, err := q.Lookup("tls")
 	if err != nil {
-		return err
+		return tp, err
 	}
-	if tlsGiven {
-		if useTLS, err = strconv.ParseBool(v); err != nil {
-			return invalid("query parameter tls=%q: want true or false", v)
+	if given {
+		if tp.on, err = strconv.ParseBool(v); err != nil {
+			return tp, invalid("query parameter tls=%q: want true or false", v)
 		}
-		if !useTLS && implied != "" {
-			return invalid("query parameters tls=false and %s contradict each other", implied)
+		if !tp.on && implied != "" {
+			return tp, invalid("query parameters tls=false and %s contradict each other", implied)
 		}
 	}
-	if !useTLS && implied == "" {
-		return nil
-	}
-	c.tls, err = tlsConfig(files[0], files[1], files[2], files[3], skipVerify)
-	return err
+	tp.on = tp.on || implied != ""
+	return tp, nil
 }
 
 // cleanPrefix validates a key prefix taken from a URL path or Options: ""

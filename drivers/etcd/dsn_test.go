@@ -126,6 +126,15 @@ func TestParseDSNOpaquePrefix(t *testing.T) {
 	}
 }
 
+// An unknown parameter is named in the one error, before any file named by
+// another parameter is read.
+func TestParseDSNUnknownFirst(t *testing.T) {
+	_, err := parseDSN("etcd://h:1/p?ca_file=/does/not/exist&bogus=1")
+	if !errors.Is(err, driver.ErrInvalid) || !strings.Contains(err.Error(), `unknown query parameter "bogus"`) {
+		t.Fatalf("parseDSN with an unknown parameter and a missing ca_file: %v", err)
+	}
+}
+
 func TestParseDSNHidesPassword(t *testing.T) {
 	_, err := parseDSN("etcd://user:secret@h:1/%zz")
 	if err == nil || strings.Contains(err.Error(), "secret") {
