@@ -25,10 +25,11 @@ var _ driver.HoldWatcher = (*Locker)(nil)
 // owner's own refresh or release, and a lease that merely ran out its TTL,
 // are not reported. It
 // returns an error (the grant is then not watched) when inotify cannot be
-// had, and driver.ErrClosed after Close.
+// had, driver.ErrInvalid for an empty or oversized key or owner, and
+// driver.ErrClosed after Close.
 func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (stop func(), err error) {
-	if l.closed.Load() {
-		return nil, driver.ErrClosed
+	if err := l.check(context.Background(), key, owner, 0, false); err != nil {
+		return nil, err
 	}
 	s, err := l.newSubscription(key)
 	if err != nil {

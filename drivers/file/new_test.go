@@ -25,6 +25,11 @@ func TestNew(t *testing.T) {
 	if _, err := l.Acquire(ctx, "k", "me", 0); !errors.Is(err, driver.ErrInvalid) {
 		t.Fatalf("Acquire with ttl 0: %v", err)
 	}
+	for _, ko := range [][2]string{{"", "me"}, {"k", ""}} {
+		if _, err := l.WatchHold(ko[0], ko[1], 1, func(error) {}); !errors.Is(err, driver.ErrInvalid) {
+			t.Fatalf("WatchHold(%q, %q): %v, want ErrInvalid", ko[0], ko[1], err)
+		}
+	}
 	if _, err := os.Stat(filepath.Join(dir, tokenFile)); err != nil || l.perm != 0o660 {
 		t.Fatalf("token file: %v; perm %o, want 0660", err, l.perm)
 	}
