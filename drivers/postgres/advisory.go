@@ -30,6 +30,9 @@ type hold struct {
 	conn    *pgxpool.Conn
 	origIST string // idle_session_timeout before the grant
 	origApp string // application_name before the grant
+	adv     int64  // the advisory key
+	pid     uint32 // the session's backend process id
+	server  string // the server's address, as the connection reached it
 
 	// Guarded by Locker.mu.
 	mon       *sessionWatch          // the socket watch; nil if unwatched
@@ -352,7 +355,7 @@ func (l *Locker) tryOn(ctx context.Context, conn *pgxpool.Conn, c *call) (*hold,
 		conn.Release()
 		return nil, &driver.HeldError{Remaining: r.remaining}
 	}
-	return &hold{owner: c.owner, token: r.token, conn: conn, origIST: r.origIST, origApp: r.origApp}, nil
+	return newHold(conn, c, r), nil
 }
 
 // waitOn runs the blocking acquire statement on conn; see AcquireWait. retry
@@ -409,7 +412,14 @@ func (l *Locker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call) (h *ho
 		destroy(conn)
 		return nil, false, errors.New("postgres: acquire: blocking lock not granted")
 	}
-	return &hold{owner: c.owner, token: r.token, conn: conn, origIST: r.origIST, origApp: r.origApp}, false, nil
+	return newHold(conn, c, r), false, nil
+}
+
+// newHold is the hold of a grant on conn.
+func newHold(conn *pgxpool.Conn, c *call, r *acquireRow) *hold {
+	pgc := conn.Conn().PgConn()
+	return &hold{owner: c.owner, token: r.token, conn: conn, origIST: r.origIST, origApp: r.origApp,
+		adv: c.adv, pid: pgc.PID(), server: pgc.Conn().RemoteAddr().String()}
 }
 
 // lostSession reports an error that means the session broke under the

@@ -1,13 +1,17 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -505,4 +509,79 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 	for k, v := range vs {
 		b.ReportMetric(float64(t[k].Nanoseconds())/n/1e3, v.name+"-us")
 	}
+}
+
+// The session probe (probe.go) with N watched locks held: one look-up of
+// every watched lock's session, as the probe makes five times a second.
+// Reported besides ns/op (the client's wall time per look-up):
+// server-cpu-µs/probe, the CPU time the probe's backend spent per look-up
+// (from /proc, so the server must run on this host), and
+// cpu-µs/s/lock, the client's and the server's CPU time per second per held
+// lock at the probe's rate.
+func BenchmarkSessionProbe(b *testing.B) {
+	url := serverURL(b)
+	for _, n := range []int{1, 10, 100, 200} {
+		b.Run(fmt.Sprintf("locks=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			d := openT(b, url)
+			prefix := fmt.Sprintf("bench/probe/%d/", time.Now().UnixNano())
+			for i := range n {
+				key := prefix + strconv.Itoa(i)
+				tok, err := d.Acquire(ctx, key, "owner", 10*time.Minute)
+				if err != nil {
+					b.Fatal(err)
+				}
+				stop, err := d.WatchHold(key, "owner", tok, func(err error) { b.Errorf("lost %s: %v", key, err) })
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer stop()
+			}
+			holds := d.watchedHolds()
+			if len(holds) != n {
+				b.Fatalf("%d watched holds, want %d", len(holds), n)
+			}
+			p := &sessionProber{l: d, cfg: d.pool.Config().ConnConfig}
+			defer p.drop()
+			if present, _, err := p.lookup(ctx, holds); err != nil || len(present) != n {
+				b.Fatalf("look-up: %d found, %v", len(present), err)
+			}
+			pid := p.conn.PgConn().PID()
+			cpu0, cpuServer0 := benchCPU(b, 0), benchCPU(b, pid)
+			for b.Loop() {
+				if _, _, err := p.lookup(ctx, holds); err != nil {
+					b.Fatal(err)
+				}
+			}
+			client, server := benchCPU(b, 0)-cpu0, benchCPU(b, pid)-cpuServer0
+			perProbe := (client + server) / time.Duration(b.N)
+			b.ReportMetric(float64(server.Microseconds())/float64(b.N), "server-cpu-µs/probe")
+			b.ReportMetric(float64(perProbe.Microseconds())*float64(time.Second/probeInterval)/float64(n), "cpu-µs/s/lock")
+		})
+	}
+}
+
+// benchCPU returns the user and system CPU time of process pid from
+// /proc/<pid>/stat, or of this process for pid 0.
+func benchCPU(b *testing.B, pid uint32) time.Duration {
+	b.Helper()
+	if pid == 0 {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command (which may hold spaces) in parentheses.
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		b.Fatalf("parsing /proc/%d/stat: %v %v", pid, err1, err2)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }

@@ -110,6 +110,7 @@ type Locker struct {
 	ops       sync.WaitGroup
 	slots     map[string]*slot
 	watcher   *sessionWatcher // started by the first WatchHold
+	prober    *sessionProber  // started by the first WatchHold
 	listeners uint64          // last WatchHold listener id
 }
 
@@ -262,9 +263,12 @@ func (l *Locker) Close() error {
 		s.mu.Unlock()
 	}
 	l.mu.Lock()
-	w := l.watcher
-	l.watcher = nil
+	w, p := l.watcher, l.prober
+	l.watcher, l.prober = nil, nil
 	l.mu.Unlock()
+	if p != nil {
+		p.close()
+	}
 	if w != nil {
 		w.close()
 	}
