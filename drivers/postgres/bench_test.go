@@ -239,7 +239,7 @@ func BenchmarkLeaseUncontendedInterleaved(b *testing.B) {
 	d := openLeaseT(b, url)
 	l := locker.New(openLeaseT(b, url))
 	defer l.Close()
-	if _, err := d.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS public.locker_bench_raw
+	if _, err := d.lease.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS public.locker_bench_raw
 		(id bytea PRIMARY KEY, owner bytea NOT NULL, expires_at timestamptz NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
@@ -254,11 +254,11 @@ func BenchmarkLeaseUncontendedInterleaved(b *testing.B) {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
-		if _, err := d.pool.Exec(ctx, `INSERT INTO public.locker_bench_raw (id, owner, expires_at)
+		if _, err := d.lease.pool.Exec(ctx, `INSERT INTO public.locker_bench_raw (id, owner, expires_at)
 			VALUES ($1, $2, clock_timestamp() + interval '10 seconds') ON CONFLICT (id) DO NOTHING`, id, owner); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := d.pool.Exec(ctx, `DELETE FROM public.locker_bench_raw WHERE id = $1 AND owner = $2`, id, owner); err != nil {
+		if _, err := d.lease.pool.Exec(ctx, `DELETE FROM public.locker_bench_raw WHERE id = $1 AND owner = $2`, id, owner); err != nil {
 			b.Fatal(err)
 		}
 		t2 := time.Now()
@@ -395,7 +395,7 @@ func BenchmarkLeaseTableGrowth(b *testing.B) {
 	}
 	b.StopTimer()
 	var table, index, rows int64
-	if err := d.pool.QueryRow(ctx, `SELECT pg_table_size('public.locker_leases'), pg_indexes_size('public.locker_leases'),
+	if err := d.lease.pool.QueryRow(ctx, `SELECT pg_table_size('public.locker_leases'), pg_indexes_size('public.locker_leases'),
 		(SELECT count(*) FROM public.locker_leases)`).Scan(&table, &index, &rows); err != nil {
 		b.Fatal(err)
 	}
@@ -431,7 +431,7 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 	}
 	d := openT(b, url+sep+"pool_max_conns=1")
 	adv := AdvisoryKey("bench-floor", key)
-	full := d.sql.acquire[0][0]
+	full := d.adv.sql.acquire[0][0]
 	noApp := strings.Replace(full, "|| set_config('application_name', 'lk/' || to_hex(t.tok) || '/' || $4 || '/' || $5, false)", "|| $4 || $5", 1)
 	noIST := strings.Replace(noApp, "set_config('idle_session_timeout', $3, false)", "$3", 1)
 	walCheck := `|| CASE WHEN t.logged OR pg_current_wal_flush_lsn() < t.lsn THEN
@@ -442,7 +442,7 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 	if noApp == full || noIST == noApp || noWAL == noIST {
 		b.Fatal("replace failed")
 	}
-	rel := d.sql.release
+	rel := d.adv.sql.release
 	relNoApp := `SELECT pg_advisory_unlock($1), set_config('idle_session_timeout', $2, false), $3`
 	relBare := `SELECT pg_advisory_unlock($1), $2, $3`
 	type variant struct {
@@ -467,7 +467,7 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 				t[(i+j)%len(vs)] += time.Since(t0)
 				continue
 			}
-			pc, err := d.pool.Acquire(ctx)
+			pc, err := d.adv.pool.Acquire(ctx)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -537,11 +537,11 @@ func BenchmarkSessionProbe(b *testing.B) {
 				}
 				defer stop()
 			}
-			holds := d.watchedHolds()
+			holds := d.adv.watchedHolds()
 			if len(holds) != n {
 				b.Fatalf("%d watched holds, want %d", len(holds), n)
 			}
-			p := &sessionProber{l: d, cfg: d.pool.Config().ConnConfig}
+			p := &sessionProber{l: d.adv, cfg: d.adv.pool.Config().ConnConfig}
 			defer p.drop()
 			if present, _, err := p.lookup(ctx, holds); err != nil || len(present) != n {
 				b.Fatalf("look-up: %d found, %v", len(present), err)

@@ -18,7 +18,6 @@ import (
 // The mode parameter: lease or advisory, nothing else; each mode has its own
 // constructor, and unknown parameters are still rejected.
 func TestLeaseModeParam(t *testing.T) {
-	ctx := ctxFor(t, 30*time.Second)
 	for _, dsn := range []string{
 		"postgres://h/db?mode=nonsense",
 		"postgres://h/db?mode=",
@@ -38,18 +37,12 @@ func TestLeaseModeParam(t *testing.T) {
 		t.Fatalf("default mode: %+v %v", c, err)
 	}
 	url := serverURL(t)
-	if _, err := Open(ctx, leaseURL(url)); !errors.Is(err, driver.ErrInvalid) {
-		t.Errorf("Open with mode=lease: %v, want ErrInvalid", err)
-	}
-	if _, err := OpenLease(ctx, url+"&mode=advisory"); !errors.Is(err, driver.ErrInvalid) {
-		t.Errorf("OpenLease with mode=advisory: %v, want ErrInvalid", err)
-	}
 	d, err := Driver{}.Open(leaseURL(url))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if _, ok := d.(*LeaseLocker); !ok {
+	if l, ok := d.(*Locker); !ok || l.Mode() != ModeLease {
 		t.Fatalf("Driver.Open with mode=lease returned %T", d)
 	}
 	if d.(driver.Capable).Capabilities().LockerBound {
@@ -60,7 +53,7 @@ func TestLeaseModeParam(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	if _, ok := a.(*Locker); !ok {
+	if l, ok := a.(*Locker); !ok || l.Mode() != ModeAdvisory {
 		t.Fatalf("Driver.Open with mode=advisory returned %T", a)
 	}
 }
@@ -76,7 +69,7 @@ func TestLeaseSetupConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := OpenLease(ctxFor(t, time.Minute), leaseURL(url)+"&schema="+schema)
+			l, err := Open(ctxFor(t, time.Minute), leaseURL(url)+"&schema="+schema)
 			if err == nil {
 				l.Close()
 			}
@@ -104,7 +97,7 @@ func TestLeaseSetupPrivilegeAndShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	alice := fmt.Sprintf("postgres://alice@%s/postgres?sslmode=disable&mode=lease&schema=alice_locks", srv.Addr())
-	_, err := OpenLease(ctx, alice)
+	_, err := Open(ctx, leaseURL(alice))
 	if err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("OpenLease without CREATE: %v", err)
 	}
@@ -126,7 +119,7 @@ func TestLeaseSetupPrivilegeAndShape(t *testing.T) {
 	if _, err := admin.Exec(ctx, `REVOKE DELETE ON alice_locks.locker_leases FROM alice`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenLease(ctx, alice); err == nil || !strings.Contains(err.Error(), "GRANT SELECT, INSERT, UPDATE, DELETE") {
+	if _, err := Open(ctx, leaseURL(alice)); err == nil || !strings.Contains(err.Error(), "GRANT SELECT, INSERT, UPDATE, DELETE") {
 		t.Fatalf("OpenLease without DELETE on the table: %v", err)
 	}
 	if _, err := admin.Exec(ctx, `GRANT DELETE ON alice_locks.locker_leases TO alice`); err != nil {
@@ -147,7 +140,7 @@ func TestLeaseSetupPrivilegeAndShape(t *testing.T) {
 		if _, err := admin.Exec(ctx, `CREATE SCHEMA `+schema+`; `+fmt.Sprintf(ddl, schema)); err != nil {
 			t.Fatal(err)
 		}
-		_, err := OpenLease(ctx, leaseURL(srv.URL())+"&schema="+schema)
+		_, err := Open(ctx, leaseURL(srv.URL())+"&schema="+schema)
 		if err == nil || !strings.Contains(err.Error(), "wrong shape") || !strings.Contains(err.Error(), "CREATE TABLE IF NOT EXISTS") {
 			t.Fatalf("wrong shape %d: %v", i, err)
 		}

@@ -37,7 +37,7 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND pid = ANY($1)
 // a lock is watched, and reports a loss only when the look-up succeeded on
 // the server the lock was taken on: a failed look-up says nothing.
 type sessionProber struct {
-	l    *Locker
+	l    *advisoryLocker
 	cfg  *pgx.ConnConfig
 	kick chan struct{} // a watch was added
 	stop context.CancelFunc
@@ -56,7 +56,7 @@ func (h *hold) probeKey() probeKey {
 	return probeKey{pid: int32(h.pid), classid: int64(uint32(uint64(h.adv) >> 32)), objid: int64(uint32(uint64(h.adv)))}
 }
 
-func newSessionProber(l *Locker) *sessionProber {
+func newSessionProber(l *advisoryLocker) *sessionProber {
 	ctx, cancel := context.WithCancel(l.ctx)
 	p := &sessionProber{l: l, cfg: l.pool.Config().ConnConfig, kick: make(chan struct{}, 1), stop: cancel, done: make(chan struct{})}
 	go p.loop(ctx)
@@ -175,7 +175,7 @@ func (p *sessionProber) drop() {
 }
 
 // watchedHolds returns the holds with a live watch.
-func (l *Locker) watchedHolds() []*hold {
+func (l *advisoryLocker) watchedHolds() []*hold {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var hs []*hold

@@ -33,7 +33,7 @@ import (
 // token (any more); driver.ErrClosed; an error matching
 // errors.ErrUnsupported where the socket cannot be watched (outside Linux,
 // or a connection that is not a socket).
-func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (func(), error) {
+func (l *advisoryLocker) WatchHold(key, owner string, token uint64, lost func(error)) (func(), error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -72,7 +72,7 @@ func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (f
 }
 
 // unwatch removes one listener; the socket watch ends with the last.
-func (l *Locker) unwatch(h *hold, id uint64) {
+func (l *advisoryLocker) unwatch(h *hold, id uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(h.listeners, id)
@@ -93,7 +93,7 @@ func (h *hold) unwatchLocked() {
 // reportGone marks h's session ended and tells its listeners, once. It
 // reports whether it did (false if h was no longer watched or already
 // reported).
-func (l *Locker) reportGone(h *hold, cause error) bool {
+func (l *advisoryLocker) reportGone(h *hold, cause error) bool {
 	l.mu.Lock()
 	if h.gone || h.listeners == nil {
 		h.gone = true
@@ -113,7 +113,7 @@ func (l *Locker) reportGone(h *hold, cause error) bool {
 
 // sessionGone is the watcher's report that h's socket closed: it tells the
 // listeners and then drops the hold and its connection.
-func (l *Locker) sessionGone(h *hold, cause error) {
+func (l *advisoryLocker) sessionGone(h *hold, cause error) {
 	if !l.reportGone(h, cause) {
 		return
 	}
