@@ -276,11 +276,29 @@ func (l *Locker) AcquireWait(ctx context.Context, key, owner string, ttl time.Du
 	return l.adv.AcquireWait(ctx, key, owner, ttl)
 }
 
-// WatchHold implements driver.HoldWatcher. In advisory mode it watches the
-// session pinned to the grant (see the package documentation). In lease
-// mode a lease outlives its connections and the server's restarts, so it
-// returns an error matching errors.ErrUnsupported (driver.ErrClosed after
-// Close) and package locker relies on renewal.
+// WatchHold implements driver.HoldWatcher.
+//
+// In advisory mode it watches the session pinned to the grant of key to
+// owner with token, and calls lost once that session ends while the lock
+// is held (the backend terminated; the server crashed, restarted or failed
+// over; the connection reset or closed by anything in between): at once
+// when the holder's socket reports the end (an epoll watch, no traffic),
+// and within about a second when it does not, as on a half-open connection
+// whose server side was reset while the client side stays open and silent.
+// For that, while any lock of the Locker is watched, a session probe runs
+// one statement every 200ms, on a connection of its own made with the
+// pool's connection settings (outside the pool, closed after 30s without a
+// watched lock), that looks up in pg_locks whether each watched lock's
+// session still holds it; a look-up that fails, or that reaches another
+// server address than the lock's connection, reports nothing. Release and
+// Close end the watch first, so they are never reported as a loss. Errors:
+// driver.ErrNotHeld if this Locker does not hold key for owner with token
+// (any more); driver.ErrClosed; an error matching errors.ErrUnsupported
+// outside Linux.
+//
+// In lease mode a lease outlives its connections and the server's
+// restarts, so it returns an error matching errors.ErrUnsupported
+// (driver.ErrClosed after Close) and package locker relies on renewal.
 func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (func(), error) {
 	if l.lease != nil {
 		l.lease.mu.Lock()

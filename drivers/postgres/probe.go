@@ -19,6 +19,9 @@ const (
 	probeTimeout = 300 * time.Millisecond
 	// probeConnectTimeout bounds making the probe's connection.
 	probeConnectTimeout = 500 * time.Millisecond
+	// probeIdle is how long the probe's connection stays open while no
+	// lock is watched.
+	probeIdle = 30 * time.Second
 )
 
 // probeSQL lists which of the given backends still hold which advisory
@@ -34,8 +37,9 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND pid = ANY($1)
 // half-open connection, whose server side was reset (the server ended the
 // session and freed the lock) while the client side stays open and silent.
 // One statement covers every watched lock of the Locker. It runs only while
-// a lock is watched, and reports a loss only when the look-up succeeded on
-// the server the lock was taken on: a failed look-up says nothing.
+// a lock is watched (its connection is closed after probeIdle without
+// one), and reports a loss only when the look-up succeeded on the server
+// the lock was taken on: a failed look-up says nothing.
 type sessionProber struct {
 	l    *advisoryLocker
 	cfg  *pgx.ConnConfig
@@ -85,12 +89,10 @@ func (p *sessionProber) loop(ctx context.Context) {
 	for {
 		holds := p.l.watchedHolds()
 		if len(holds) == 0 {
-			select {
-			case <-p.kick:
-				continue
-			case <-ctx.Done():
+			if !p.idle(ctx) {
 				return
 			}
+			continue
 		}
 		p.probe(ctx, holds)
 		t.Reset(probeInterval)
@@ -98,6 +100,23 @@ func (p *sessionProber) loop(ctx context.Context) {
 		case <-t.C:
 		case <-ctx.Done():
 			return
+		}
+	}
+}
+
+// idle waits for a watch to be added, closing the connection after
+// probeIdle; it reports whether ctx is still live.
+func (p *sessionProber) idle(ctx context.Context) bool {
+	t := time.NewTimer(probeIdle)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.kick:
+			return true
+		case <-t.C:
+			p.drop()
+		case <-ctx.Done():
+			return false
 		}
 	}
 }

@@ -21,8 +21,9 @@ import (
 // at once, at no cost in traffic. A session probe hears the rest, such as a
 // half-open connection whose server side was reset while the client side
 // stays open and silent: while any lock of the Locker is watched, one
-// statement every 250ms, on a connection of its own made with the pool's
-// connection settings (outside the pool), looks up in pg_locks whether each
+// statement every 200ms, on a connection of its own made with the pool's
+// connection settings (outside the pool, closed after 30s without a
+// watched lock), looks up in pg_locks whether each
 // watched lock's session still holds it, so the end of a session is heard
 // within about a second whatever the holder's socket shows. A look-up that
 // fails, or that reaches another server address than the lock's
