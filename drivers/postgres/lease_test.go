@@ -15,8 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The mode parameter: lease or advisory, nothing else; each mode has its own
-// constructor, and unknown parameters are still rejected.
+// The mode parameter: lease or advisory, nothing else; Open and Driver.Open
+// return a *Locker in the mode the URL names, and unknown parameters are
+// still rejected.
 func TestLeaseModeParam(t *testing.T) {
 	for _, dsn := range []string{
 		"postgres://h/db?mode=nonsense",
@@ -302,5 +303,78 @@ func TestLeaseStatementsPerOperation(t *testing.T) {
 	}
 	if got := statements(); got != 4*n {
 		t.Fatalf("%d rounds of acquire, refresh, refused acquire and release ran %d statements, want %d", n, got, 4*n)
+	}
+}
+
+// One Locker type, two modes, each with the optional interfaces' behaviour
+// of its own: in lease mode WatchHold is unsupported (ErrClosed after
+// Close) and AcquireWait is woken by the release's notification, well
+// before its 2s fallback; in advisory mode the lock is LockerBound and
+// watched.
+func TestLockerModes(t *testing.T) {
+	url := serverURL(t)
+	ctx := ctxFor(t, time.Minute)
+	adv, lease := openT(t, url), openLeaseT(t, url)
+	if adv.Mode() != ModeAdvisory || lease.Mode() != ModeLease {
+		t.Fatalf("modes %q and %q", adv.Mode(), lease.Mode())
+	}
+	if !adv.Capabilities().LockerBound || lease.Capabilities().LockerBound {
+		t.Fatal("LockerBound must hold in advisory mode only")
+	}
+	key := fmt.Sprintf("modes/%d", time.Now().UnixNano())
+	tok, err := adv.Acquire(ctx, key, "o", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := adv.WatchHold(key, "o", tok, func(error) { t.Error("advisory lock reported lost") })
+	if err != nil {
+		t.Fatalf("advisory WatchHold: %v", err)
+	}
+	stop()
+	if err := adv.Release(ctx, key, "o"); err != nil {
+		t.Fatal(err)
+	}
+
+	tok, err = lease.Acquire(ctx, key, "a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lease.WatchHold(key, "a", tok, func(error) {}); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("lease WatchHold: %v, want ErrUnsupported", err)
+	}
+	other := openLeaseT(t, url)
+	type result struct {
+		tok uint64
+		at  time.Time
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		tok, err := other.AcquireWait(ctx, key, "b", time.Minute)
+		got <- result{tok, time.Now(), err}
+	}()
+	// The waiter has subscribed once its first attempt was refused; give
+	// it a moment past that (a wake-up before the release only makes it
+	// try again).
+	time.Sleep(300 * time.Millisecond)
+	released := time.Now()
+	if err := lease.Release(ctx, key, "a"); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil || r.tok <= tok {
+		t.Fatalf("lease AcquireWait = (%d, %v), want a token above %d", r.tok, r.err, tok)
+	}
+	lag := r.at.Sub(released)
+	t.Logf("lease AcquireWait granted %v after the release", lag)
+	if lag > 500*time.Millisecond {
+		t.Errorf("lease AcquireWait granted %v after the release, want well within the 2s fallback", lag)
+	}
+	if err := other.Release(ctx, key, "b"); err != nil {
+		t.Fatal(err)
+	}
+	_ = lease.Close()
+	if _, err := lease.WatchHold(key, "a", tok, func(error) {}); !errors.Is(err, driver.ErrClosed) {
+		t.Fatalf("lease WatchHold after Close: %v, want ErrClosed", err)
 	}
 }
