@@ -100,7 +100,7 @@ func TestLeaseSetupPrivilegeAndShape(t *testing.T) {
 	alice := fmt.Sprintf("postgres://alice@%s/postgres?sslmode=disable&mode=lease&schema=alice_locks", srv.Addr())
 	_, err := Open(ctx, leaseURL(alice))
 	if err == nil || !strings.Contains(err.Error(), "permission denied") {
-		t.Fatalf("OpenLease without CREATE: %v", err)
+		t.Fatalf("Open in lease mode without CREATE: %v", err)
 	}
 	_, ddl, ok := strings.Cut(err.Error(), "run: ")
 	if !ok || !strings.Contains(ddl, "CREATE TABLE IF NOT EXISTS "+`"alice_locks"."locker_leases"`) ||
@@ -121,7 +121,7 @@ func TestLeaseSetupPrivilegeAndShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := Open(ctx, leaseURL(alice)); err == nil || !strings.Contains(err.Error(), "GRANT SELECT, INSERT, UPDATE, DELETE") {
-		t.Fatalf("OpenLease without DELETE on the table: %v", err)
+		t.Fatalf("Open in lease mode without DELETE on the table: %v", err)
 	}
 	if _, err := admin.Exec(ctx, `GRANT DELETE ON alice_locks.locker_leases TO alice`); err != nil {
 		t.Fatal(err)
