@@ -9,6 +9,7 @@
 //	p.Blackhole() // a partition: requests hang, the server keeps its state
 //	p.Heal()
 //	p.Reset()     // every connection is reset (RST) on both sides
+//	p.ResetSide(faultproxy.Server) // only the server sees a reset; the client hears nothing
 //
 // Faults apply to every connection through the proxy, the ones open now and
 // the ones made later, so one proxy per client process stands for that
@@ -132,6 +133,19 @@ func (p *Proxy) Heal() {
 // returns how many connections it reset.
 func (p *Proxy) Reset() int {
 	return p.each(func(l *link) { l.abort(Client); l.abort(Server) })
+}
+
+// ResetSide breaks one side of every open connection with a TCP reset and
+// stops forwarding on it, leaving the other side's connection open and
+// silent: nothing it sends is read or answered, and it sees no end until
+// the proxy is closed. ResetSide(Server) is a half-open connection as a
+// proxy whose backend connection died, a failover of an HA proxy, or a
+// middlebox that resets only one side would leave it: the server sees
+// "connection reset by peer" and ends the session, while the client's
+// socket reports nothing. New connections are forwarded as before. It
+// returns how many connections it reset.
+func (p *Proxy) ResetSide(s Side) int {
+	return p.each(func(l *link) { l.abort(s) })
 }
 
 // CloseSide closes one side of every open connection in the ordinary way

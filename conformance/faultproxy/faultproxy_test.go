@@ -219,6 +219,66 @@ func TestCloseServerSide(t *testing.T) {
 	}
 }
 
+// ResetSide(Server): the server sees a reset, the client sees silence: its
+// requests are neither answered nor refused, and its socket does not end.
+func TestResetServerSide(t *testing.T) {
+	e := newEcho(t)
+	p := newProxy(t, e.ln.Addr().String())
+	c, r := dial(t, p)
+	mustEcho(t, c, r, "x")
+	if n := p.ResetSide(Server); n != 1 {
+		t.Fatalf("ResetSide reset %d connections, want 1", n)
+	}
+	select {
+	case err := <-e.ended:
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("server side ended with %v, want ECONNRESET", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("server side did not see the reset")
+	}
+	for i := range 3 {
+		if _, err := roundTrip(c, r, "lost", 200*time.Millisecond); !isTimeout(err) {
+			t.Fatalf("client request %d after ResetSide(Server): %v, want silence (a read timeout)", i, err)
+		}
+	}
+	// New connections still work.
+	c2, r2 := dial(t, p)
+	mustEcho(t, c2, r2, "y")
+	_ = p.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := r.ReadString('\n'); err == nil || isTimeout(err) {
+		t.Fatalf("client read after the proxy closed: %v, want the connection to end", err)
+	}
+}
+
+// ResetSide(Client): the client sees a reset, the server sees nothing until
+// the proxy is closed.
+func TestResetClientSide(t *testing.T) {
+	e := newEcho(t)
+	p := newProxy(t, e.ln.Addr().String())
+	c, r := dial(t, p)
+	mustEcho(t, c, r, "x")
+	if n := p.ResetSide(Client); n != 1 {
+		t.Fatalf("ResetSide reset %d connections, want 1", n)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := r.ReadString('\n'); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("client read after ResetSide(Client): %v, want ECONNRESET", err)
+	}
+	select {
+	case err := <-e.ended:
+		t.Fatalf("server side ended (%v) although only the client side was reset", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	_ = p.Close()
+	select {
+	case <-e.ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("server side still open after the proxy closed")
+	}
+}
+
 func TestLatency(t *testing.T) {
 	e := newEcho(t)
 	p := newProxy(t, e.ln.Addr().String())

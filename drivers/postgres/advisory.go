@@ -30,6 +30,9 @@ type hold struct {
 	conn    *pgxpool.Conn
 	origIST string // idle_session_timeout before the grant
 	origApp string // application_name before the grant
+	adv     int64  // the advisory key
+	pid     uint32 // the session's backend process id
+	server  string // the server's address, as the connection reached it
 
 	// Guarded by Locker.mu.
 	mon       *sessionWatch          // the socket watch; nil if unwatched
@@ -45,7 +48,7 @@ type call struct {
 	adv        int64
 }
 
-func (l *Locker) newCall(key, owner string, ttl time.Duration) (*call, error) {
+func (l *advisoryLocker) newCall(key, owner string, ttl time.Duration) (*call, error) {
 	if key == "" {
 		return nil, fmt.Errorf("postgres: empty key: %w", driver.ErrInvalid)
 	}
@@ -85,7 +88,7 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 // unreachable, TLS or authentication failure, no free connection slot),
 // driver.ErrClosed, ctx.Err(), ErrStandby or ErrPooler; a failure leaves
 // nothing held (a connection in doubt is closed, which ends its session).
-func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+func (l *advisoryLocker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	return l.acquire(ctx, key, owner, ttl, false)
 }
 
@@ -103,7 +106,7 @@ func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 // wraps ctx.Err() and names the last failure).
 //
 // Errors are those of Acquire, except driver.ErrNotAcquired.
-func (l *Locker) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+func (l *advisoryLocker) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	return l.acquire(ctx, key, owner, ttl, true)
 }
 
@@ -113,7 +116,7 @@ const (
 	rewaitMax = time.Second
 )
 
-func (l *Locker) acquire(ctx context.Context, key, owner string, ttl time.Duration, wait bool) (uint64, error) {
+func (l *advisoryLocker) acquire(ctx context.Context, key, owner string, ttl time.Duration, wait bool) (uint64, error) {
 	c, err := l.newCall(key, owner, ttl)
 	if err != nil {
 		return 0, err
@@ -125,40 +128,63 @@ func (l *Locker) acquire(ctx context.Context, key, owner string, ttl time.Durati
 	defer done()
 	s := l.getSlot(key)
 	defer l.putSlot(key, s)
-
-	// Idempotent acquire by the current owner: refresh and return the
-	// same token. A hold whose session is gone is dropped and we go on to
-	// a fresh grant.
-	s.mu.Lock()
-	if h := s.h; h != nil && h.owner == owner {
-		err := l.refreshLocked(ctx, s, c)
-		if err == nil {
-			tok := h.token
-			s.mu.Unlock()
-			return tok, nil
-		}
-		if !errors.Is(err, driver.ErrNotHeld) || ctx.Err() != nil {
-			s.mu.Unlock()
-			return 0, l.fail(ctx, "acquire", err)
-		}
+	if tok, ok, err := l.reacquire(ctx, s, c); ok || err != nil {
+		return tok, err
 	}
-	s.mu.Unlock()
+	h, err := l.grant(ctx, c, wait)
+	if err != nil {
+		return 0, err
+	}
+	h.key = key
+	l.install(s, h)
+	return h.token, nil
+}
 
-	waited := false    // a wait reached the server and its session was lost
-	delay := rewaitMin // backoff while the server cannot be reached
-	var lastErr error  // why the last wait was lost
-	tries := 0         // fresh connections tried after a lost session
+// reacquire is Acquire by the current owner, which is idempotent: it
+// refreshes the hold and returns the same token (ok). A hold whose session
+// is gone is dropped, and the caller goes on to a fresh grant (not ok, no
+// error).
+func (l *advisoryLocker) reacquire(ctx context.Context, s *slot, c *call) (tok uint64, ok bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.h
+	if h == nil || h.owner != c.owner {
+		return 0, false, nil
+	}
+	err = l.refreshLocked(ctx, s, c)
+	if err == nil {
+		return h.token, true, nil
+	}
+	if !errors.Is(err, driver.ErrNotHeld) || ctx.Err() != nil {
+		return 0, false, l.fail(ctx, "acquire", err)
+	}
+	return 0, false, nil
+}
+
+// retryState is what grant remembers across the connections it tries.
+type retryState struct {
+	waited  bool          // a wait reached the server and its session was lost
+	delay   time.Duration // backoff while the server cannot be reached
+	lastErr error         // why the last wait was lost
+	tries   int           // fresh connections tried after a lost session
+}
+
+// grant takes the lock on a pooled connection (waiting in the server if
+// wait), and makes the attempt again on a fresh connection where the
+// session was lost under it (see AcquireWait and Acquire).
+func (l *advisoryLocker) grant(ctx context.Context, c *call, wait bool) (*hold, error) {
+	st := &retryState{delay: rewaitMin}
 	for {
 		conn, err := l.pool.Acquire(ctx)
 		if err != nil {
-			if waited && ctx.Err() == nil && l.pause(ctx, &delay) {
-				lastErr = err
+			if st.waited && ctx.Err() == nil && l.pause(ctx, &st.delay) {
+				st.lastErr = err
 				continue
 			}
-			if waited && ctx.Err() != nil {
-				return 0, l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), unavailable(lastErr)))
+			if st.waited && ctx.Err() != nil {
+				return nil, l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), unavailable(st.lastErr)))
 			}
-			return 0, l.fail(ctx, "acquire", unavailable(err))
+			return nil, l.fail(ctx, "acquire", unavailable(err))
 		}
 		var h *hold
 		var retry bool
@@ -168,61 +194,75 @@ func (l *Locker) acquire(ctx context.Context, key, owner string, ttl time.Durati
 			h, err = l.tryOn(ctx, conn, c)
 		}
 		if retry {
-			switch {
-			case err == nil:
-			case sessionKilled(err):
-				// The server ended the wait's session (terminated,
-				// crashed, shutting down): wait again once it is back.
-				waited, lastErr = true, err
-				if !l.pause(ctx, &delay) {
-					return 0, l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), err))
-				}
-			case waited:
-				lastErr = err
-				if !l.pause(ctx, &delay) {
-					return 0, l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), err))
-				}
-			case tries < 3:
-				// The connection broke (a dead pooled connection, a
-				// reset): try a fresh one at once.
-				tries++
-			default:
-				return 0, l.fail(ctx, "acquire", fmt.Errorf("%w: %w", driver.ErrUnavailable, err))
+			if err := l.rewait(ctx, st, err); err != nil {
+				return nil, err
 			}
 			continue
 		}
 		if err != nil {
-			if !wait && lostSession(err) && ctx.Err() == nil && tries < 3 {
+			if !wait && lostSession(err) && ctx.Err() == nil && st.tries < 3 {
 				// A pooled connection whose server went away: the
 				// statement never ran on a live session, so nothing is
 				// held. Try a fresh connection, which tells whether the
 				// server can be reached.
-				tries++
+				st.tries++
 				continue
 			}
 			if lostSession(err) {
-				return 0, fmt.Errorf("%w: %w", driver.ErrUnavailable, err)
+				return nil, fmt.Errorf("%w: %w", driver.ErrUnavailable, err)
 			}
-			return 0, err
+			return nil, err
 		}
-		h.key = key
-		s.mu.Lock()
-		old := s.h
-		l.setHold(s, h)
-		s.mu.Unlock()
-		if old != nil {
-			// We were granted the lock, so the old holder's session is
-			// gone; drop its connection.
-			l.reportGone(old, errors.New("the session ended (the key was granted again)"))
-			destroy(old.conn)
+		return h, nil
+	}
+}
+
+// rewait decides about a wait that waitOn says to make again, err saying
+// why (nil: the session's own lock_timeout or statement_timeout): it
+// returns nil to go on with a fresh connection, after a pause where the
+// server must come back, or the error that ends the acquire.
+func (l *advisoryLocker) rewait(ctx context.Context, st *retryState, err error) error {
+	switch {
+	case err == nil:
+	case sessionKilled(err):
+		// The server ended the wait's session (terminated, crashed,
+		// shutting down): wait again once it is back.
+		st.waited, st.lastErr = true, err
+		if !l.pause(ctx, &st.delay) {
+			return l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), err))
 		}
-		return h.token, nil
+	case st.waited:
+		st.lastErr = err
+		if !l.pause(ctx, &st.delay) {
+			return l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), err))
+		}
+	case st.tries < 3:
+		// The connection broke (a dead pooled connection, a reset): try
+		// a fresh one at once.
+		st.tries++
+	default:
+		return l.fail(ctx, "acquire", fmt.Errorf("%w: %w", driver.ErrUnavailable, err))
+	}
+	return nil
+}
+
+// install makes h, a new grant, the hold of s. A hold it replaces lost its
+// session (we were granted the lock, so the old session is gone): its
+// watchers are told and its connection dropped.
+func (l *advisoryLocker) install(s *slot, h *hold) {
+	s.mu.Lock()
+	old := s.h
+	l.setHold(s, h)
+	s.mu.Unlock()
+	if old != nil {
+		l.reportGone(old, errors.New("the session ended (the key was granted again)"))
+		destroy(old.conn)
 	}
 }
 
 // pause sleeps for *delay (then doubles it, up to rewaitMax) unless ctx is
 // done first; it reports whether ctx is still live.
-func (l *Locker) pause(ctx context.Context, delay *time.Duration) bool {
+func (l *advisoryLocker) pause(ctx context.Context, delay *time.Duration) bool {
 	t := time.NewTimer(*delay)
 	defer t.Stop()
 	*delay = min(2**delay, rewaitMax)
@@ -264,7 +304,7 @@ func keepaliveIdle(ttlMS int64) string {
 	return strconv.FormatInt(min(max((ttlMS+999)/1000, 1), 32767), 10)
 }
 
-func (l *Locker) run(ctx context.Context, conn *pgxpool.Conn, wait bool, c *call) (*acquireRow, error) {
+func (l *advisoryLocker) run(ctx context.Context, conn *pgxpool.Conn, wait bool, c *call) (*acquireRow, error) {
 	var (
 		ok                  *bool
 		tok                 *int64
@@ -338,7 +378,7 @@ func parseHolder(s string) time.Duration {
 // pinned in the returned hold; otherwise it goes back to the pool (untouched:
 // nothing in the statement changes the session unless the lock is granted)
 // or, after an error, is closed.
-func (l *Locker) tryOn(ctx context.Context, conn *pgxpool.Conn, c *call) (*hold, error) {
+func (l *advisoryLocker) tryOn(ctx context.Context, conn *pgxpool.Conn, c *call) (*hold, error) {
 	r, err := l.run(ctx, conn, false, c)
 	if err != nil {
 		destroy(conn)
@@ -352,14 +392,14 @@ func (l *Locker) tryOn(ctx context.Context, conn *pgxpool.Conn, c *call) (*hold,
 		conn.Release()
 		return nil, &driver.HeldError{Remaining: r.remaining}
 	}
-	return &hold{owner: c.owner, token: r.token, conn: conn, origIST: r.origIST, origApp: r.origApp}, nil
+	return newHold(conn, c, r), nil
 }
 
 // waitOn runs the blocking acquire statement on conn; see AcquireWait. retry
 // reports that the wait should be made again on a fresh connection: it was
 // ended by the session's own lock_timeout or statement_timeout (err nil), or
 // its session was lost (err says how).
-func (l *Locker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call) (h *hold, retry bool, err error) {
+func (l *advisoryLocker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call) (h *hold, retry bool, err error) {
 	// The statement runs under a context that ctx does not cancel: pgx's
 	// default reaction to cancellation is to close the socket, which leaves
 	// the backend queued in the lock manager (and later holding the lock)
@@ -409,7 +449,14 @@ func (l *Locker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call) (h *ho
 		destroy(conn)
 		return nil, false, errors.New("postgres: acquire: blocking lock not granted")
 	}
-	return &hold{owner: c.owner, token: r.token, conn: conn, origIST: r.origIST, origApp: r.origApp}, false, nil
+	return newHold(conn, c, r), false, nil
+}
+
+// newHold is the hold of a grant on conn.
+func newHold(conn *pgxpool.Conn, c *call, r *acquireRow) *hold {
+	pgc := conn.Conn().PgConn()
+	return &hold{owner: c.owner, token: r.token, conn: conn, origIST: r.origIST, origApp: r.origApp,
+		adv: c.adv, pid: pgc.PID(), server: pgc.Conn().RemoteAddr().String()}
 }
 
 // lostSession reports an error that means the session broke under the
@@ -449,7 +496,7 @@ func sessionKilled(err error) bool {
 // ctx.Err(). If ctx ends while the statement is in flight the connection is
 // closed and the lock ends with it: the error then wraps both ctx.Err() and
 // driver.ErrNotHeld.
-func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+func (l *advisoryLocker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	c, err := l.newCall(key, owner, ttl)
 	if err != nil {
 		return err
@@ -473,7 +520,7 @@ func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 // heldSlot returns key's slot, locked, when owner holds key through this
 // Locker, and the function that unlocks it and gives it back; otherwise an
 // error wrapping driver.ErrNotHeld that names op.
-func (l *Locker) heldSlot(op, key, owner string) (*slot, func(), error) {
+func (l *advisoryLocker) heldSlot(op, key, owner string) (*slot, func(), error) {
 	s := l.peekSlot(key)
 	if s == nil {
 		return nil, nil, notHeld(op, key)
@@ -493,7 +540,7 @@ func (l *Locker) heldSlot(op, key, owner string) (*slot, func(), error) {
 // refreshLocked runs the refresh statement on s.h; the caller holds s.mu.
 // If the session is gone it drops the hold and returns an error wrapping
 // driver.ErrNotHeld.
-func (l *Locker) refreshLocked(ctx context.Context, s *slot, c *call) error {
+func (l *advisoryLocker) refreshLocked(ctx context.Context, s *slot, c *call) error {
 	h := s.h
 	ttl := strconv.FormatInt(c.ttlMS, 10)
 	app := appName(h.token, c.ttlMS, ownerTag(h.owner))
@@ -524,7 +571,7 @@ func (l *Locker) refreshLocked(ctx context.Context, s *slot, c *call) error {
 // Errors wrap driver.ErrInvalid, driver.ErrNotHeld, driver.ErrClosed or
 // ctx.Err(). On any failure the connection is closed, so the server frees
 // the lock anyway (at the latest after the TTL if it cannot be reached).
-func (l *Locker) Release(ctx context.Context, key, owner string) error {
+func (l *advisoryLocker) Release(ctx context.Context, key, owner string) error {
 	if key == "" {
 		return fmt.Errorf("postgres: empty key: %w", driver.ErrInvalid)
 	}
@@ -563,7 +610,7 @@ func (l *Locker) Release(ctx context.Context, key, owner string) error {
 
 // failHeld is fail for an operation on a held lock: if ctx ended and the
 // connection was closed, the lock is gone too.
-func (l *Locker) failHeld(ctx context.Context, op string, err error) error {
+func (l *advisoryLocker) failHeld(ctx context.Context, op string, err error) error {
 	if ctx.Err() != nil && errors.Is(err, driver.ErrNotHeld) {
 		return fmt.Errorf("%w (%w)", l.fail(ctx, op, err), driver.ErrNotHeld)
 	}

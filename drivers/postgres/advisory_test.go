@@ -29,7 +29,7 @@ func TestPinnedConnection(t *testing.T) {
 	if err := p.QueryRow(ctx, `SELECT current_setting('application_name'), current_setting('idle_session_timeout')`).Scan(&appBefore, &istBefore); err != nil {
 		t.Fatal(err)
 	}
-	l, err := New(ctx, p, WithNamespace("pinned"))
+	l, err := New(ctx, p, &Options{Namespace: "pinned"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,16 +89,16 @@ func TestPinnedConnection(t *testing.T) {
 func TestPoolerDetected(t *testing.T) {
 	l := openT(t, serverURL(t))
 	ctx := ctxFor(t, 30*time.Second)
-	c, err := l.pool.Acquire(ctx)
+	c, err := l.adv.pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Release()
-	adv := AdvisoryKey(l.ns, "pooler")
+	adv := AdvisoryKey(l.adv.ns, "pooler")
 	var ok *bool
 	var locks int
 	err = c.QueryRow(ctx, `SELECT ok, (SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory')
-		FROM (`+l.sql.acquire[0][0]+`) q(ok)`, adv, int64(c.Conn().PgConn().PID())+1, "1000", "3e8", "o").Scan(&ok, &locks)
+		FROM (`+l.adv.sql.acquire[0][0]+`) q(ok)`, adv, int64(c.Conn().PgConn().PID())+1, "1000", "3e8", "o").Scan(&ok, &locks)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,17 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -235,7 +239,7 @@ func BenchmarkLeaseUncontendedInterleaved(b *testing.B) {
 	d := openLeaseT(b, url)
 	l := locker.New(openLeaseT(b, url))
 	defer l.Close()
-	if _, err := d.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS public.locker_bench_raw
+	if _, err := d.lease.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS public.locker_bench_raw
 		(id bytea PRIMARY KEY, owner bytea NOT NULL, expires_at timestamptz NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
@@ -250,11 +254,11 @@ func BenchmarkLeaseUncontendedInterleaved(b *testing.B) {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
-		if _, err := d.pool.Exec(ctx, `INSERT INTO public.locker_bench_raw (id, owner, expires_at)
+		if _, err := d.lease.pool.Exec(ctx, `INSERT INTO public.locker_bench_raw (id, owner, expires_at)
 			VALUES ($1, $2, clock_timestamp() + interval '10 seconds') ON CONFLICT (id) DO NOTHING`, id, owner); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := d.pool.Exec(ctx, `DELETE FROM public.locker_bench_raw WHERE id = $1 AND owner = $2`, id, owner); err != nil {
+		if _, err := d.lease.pool.Exec(ctx, `DELETE FROM public.locker_bench_raw WHERE id = $1 AND owner = $2`, id, owner); err != nil {
 			b.Fatal(err)
 		}
 		t2 := time.Now()
@@ -391,7 +395,7 @@ func BenchmarkLeaseTableGrowth(b *testing.B) {
 	}
 	b.StopTimer()
 	var table, index, rows int64
-	if err := d.pool.QueryRow(ctx, `SELECT pg_table_size('public.locker_leases'), pg_indexes_size('public.locker_leases'),
+	if err := d.lease.pool.QueryRow(ctx, `SELECT pg_table_size('public.locker_leases'), pg_indexes_size('public.locker_leases'),
 		(SELECT count(*) FROM public.locker_leases)`).Scan(&table, &index, &rows); err != nil {
 		b.Fatal(err)
 	}
@@ -427,7 +431,7 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 	}
 	d := openT(b, url+sep+"pool_max_conns=1")
 	adv := AdvisoryKey("bench-floor", key)
-	full := d.sql.acquire[0][0]
+	full := d.adv.sql.acquire[0][0]
 	noApp := strings.Replace(full, "|| set_config('application_name', 'lk/' || to_hex(t.tok) || '/' || $4 || '/' || $5, false)", "|| $4 || $5", 1)
 	noIST := strings.Replace(noApp, "set_config('idle_session_timeout', $3, false)", "$3", 1)
 	walCheck := `|| CASE WHEN t.logged OR pg_current_wal_flush_lsn() < t.lsn THEN
@@ -438,7 +442,7 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 	if noApp == full || noIST == noApp || noWAL == noIST {
 		b.Fatal("replace failed")
 	}
-	rel := d.sql.release
+	rel := d.adv.sql.release
 	relNoApp := `SELECT pg_advisory_unlock($1), set_config('idle_session_timeout', $2, false), $3`
 	relBare := `SELECT pg_advisory_unlock($1), $2, $3`
 	type variant struct {
@@ -463,7 +467,7 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 				t[(i+j)%len(vs)] += time.Since(t0)
 				continue
 			}
-			pc, err := d.pool.Acquire(ctx)
+			pc, err := d.adv.pool.Acquire(ctx)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -505,4 +509,79 @@ func BenchmarkAdvisoryStatements(b *testing.B) {
 	for k, v := range vs {
 		b.ReportMetric(float64(t[k].Nanoseconds())/n/1e3, v.name+"-us")
 	}
+}
+
+// The session probe (probe.go) with N watched locks held: one look-up of
+// every watched lock's session, as the probe makes five times a second.
+// Reported besides ns/op (the client's wall time per look-up):
+// server-cpu-µs/probe, the CPU time the probe's backend spent per look-up
+// (from /proc, so the server must run on this host), and
+// cpu-µs/s/lock, the client's and the server's CPU time per second per held
+// lock at the probe's rate.
+func BenchmarkSessionProbe(b *testing.B) {
+	url := serverURL(b)
+	for _, n := range []int{1, 10, 100, 200} {
+		b.Run(fmt.Sprintf("locks=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			d := openT(b, url)
+			prefix := fmt.Sprintf("bench/probe/%d/", time.Now().UnixNano())
+			for i := range n {
+				key := prefix + strconv.Itoa(i)
+				tok, err := d.Acquire(ctx, key, "owner", 10*time.Minute)
+				if err != nil {
+					b.Fatal(err)
+				}
+				stop, err := d.WatchHold(key, "owner", tok, func(err error) { b.Errorf("lost %s: %v", key, err) })
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer stop()
+			}
+			holds := d.adv.watchedHolds()
+			if len(holds) != n {
+				b.Fatalf("%d watched holds, want %d", len(holds), n)
+			}
+			p := &sessionProber{l: d.adv, cfg: d.adv.pool.Config().ConnConfig}
+			defer p.drop()
+			if present, _, err := p.lookup(ctx, holds); err != nil || len(present) != n {
+				b.Fatalf("look-up: %d found, %v", len(present), err)
+			}
+			pid := p.conn.PgConn().PID()
+			cpu0, cpuServer0 := benchCPU(b, 0), benchCPU(b, pid)
+			for b.Loop() {
+				if _, _, err := p.lookup(ctx, holds); err != nil {
+					b.Fatal(err)
+				}
+			}
+			client, server := benchCPU(b, 0)-cpu0, benchCPU(b, pid)-cpuServer0
+			perProbe := (client + server) / time.Duration(b.N)
+			b.ReportMetric(float64(server.Microseconds())/float64(b.N), "server-cpu-µs/probe")
+			b.ReportMetric(float64(perProbe.Microseconds())*float64(time.Second/probeInterval)/float64(n), "cpu-µs/s/lock")
+		})
+	}
+}
+
+// benchCPU returns the user and system CPU time of process pid from
+// /proc/<pid>/stat, or of this process for pid 0.
+func benchCPU(b *testing.B, pid uint32) time.Duration {
+	b.Helper()
+	if pid == 0 {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command (which may hold spaces) in parentheses.
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		b.Fatalf("parsing /proc/%d/stat: %v %v", pid, err1, err2)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DefaultPoolMaxConns is the pool size Open and OpenLease use when the URL
+// DefaultPoolMaxConns is the pool size Open uses when the URL
 // has no pool_max_conns. In advisory mode every held lock pins one
 // connection, and so does every waiter blocked in the server, so the server's max_connections is usually
 // the real limit (past it, Acquire fails at once with the server's "too many
@@ -31,7 +31,7 @@ const (
 	// advisory lock on a pinned connection.
 	ModeAdvisory = "advisory"
 	// ModeLease keeps each lock in a row of the lease table; no connection
-	// is pinned (see LeaseLocker).
+	// is pinned (see Locker).
 	ModeLease = "lease"
 )
 

@@ -121,13 +121,19 @@ func TestNewAdoptsPool(t *testing.T) {
 	url := serverURL(t)
 	p := poolT(t, url)
 	ctx := ctxFor(t, 30*time.Second)
-	if _, err := New(ctx, nil); !errors.Is(err, driver.ErrInvalid) {
+	if _, err := New(ctx, nil, nil); !errors.Is(err, driver.ErrInvalid) {
 		t.Fatalf("New(nil): %v", err)
 	}
-	if _, err := New(ctx, p, WithSchema("")); !errors.Is(err, driver.ErrInvalid) {
-		t.Fatalf("New with empty schema: %v", err)
+	for _, o := range []*Options{
+		{Schema: strings.Repeat("s", 64)},
+		{Mode: "Lease"},
+		{Mode: ModeLease, SweepAge: -time.Second},
+	} {
+		if _, err := New(ctx, p, o); !errors.Is(err, driver.ErrInvalid) {
+			t.Fatalf("New with %+v: %v, want ErrInvalid", *o, err)
+		}
 	}
-	l, err := New(ctx, p, WithNamespace("adopt"))
+	l, err := New(ctx, p, &Options{Namespace: "adopt"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 //
 // Errors: driver.ErrNotHeld if no session holds key; driver.ErrInvalid for
 // an empty key; driver.ErrClosed; ctx.Err().
-func (l *Locker) Inspect(ctx context.Context, key string) (driver.Info, error) {
+func (l *advisoryLocker) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	if key == "" {
 		return driver.Info{}, fmt.Errorf("postgres: empty key: %w", driver.ErrInvalid)
 	}

@@ -16,16 +16,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Defaults of the lease table's clean-up (see LeaseLocker).
+// Defaults of the lease table's clean-up (see Options).
 const (
-	// LeaseSweepInterval is how often each LeaseLocker deletes long-expired
+	// LeaseSweepInterval is how often each lease-mode Locker deletes long-expired
 	// rows (with ±20% jitter).
 	LeaseSweepInterval = time.Minute
 	// LeaseSweepAge is how long a row stays expired before it is deleted.
 	LeaseSweepAge = 10 * time.Minute
 )
 
-// LeaseLocker is the driver.Locker of the lease mode (mode=lease): each lock
+// leaseLocker is a Locker in lease mode (mode=lease): each lock
 // is a row of the lease table <schema>.locker_leases, with an expiry judged
 // by the server's clock. No connection is pinned: every operation is one
 // autocommit statement on any pooled connection, so a lease survives the
@@ -33,12 +33,11 @@ const (
 // works through a transaction-mode pooler such as PgBouncer, and one
 // process can hold many more locks than the server has connections. Any
 // Locker on the same table and namespace acts for an owner: the same owner
-// string through another LeaseLocker refreshes and releases the lock.
+// string through another leaseLocker refreshes and releases the lock.
 //
-// It implements driver.Waiter (LISTEN/NOTIFY, see Subscribe),
-// driver.Inspector, driver.Capable and driver.Pinger. It is safe for
+// Its waits are woken by LISTEN/NOTIFY (see subscribe). It is safe for
 // concurrent use.
-type LeaseLocker struct {
+type leaseLocker struct {
 	pool    *pgxpool.Pool
 	ownPool bool
 	ns      string
@@ -53,39 +52,17 @@ type LeaseLocker struct {
 	mu     sync.Mutex
 	closed bool
 	ops    sync.WaitGroup
-	lis    *listener // started by the first Subscribe
+	lis    *listener // started by the first subscribe
 	bg     sync.WaitGroup
 }
 
-// OpenLease connects to the PostgreSQL server named by dsn (see the package
-// documentation for its format; mode=lease may be given, mode=advisory may
-// not), checks the server (not a standby, version 14 or later) and creates
-// the schema, the token sequence and the lease table if missing, serialized
-// across processes. A pooler in between is allowed: its statements then
-// avoid named prepared statements. The pool it creates is closed by Close.
-//
-// Errors wrap driver.ErrInvalid for a malformed URL, an unknown query
-// parameter or mode=advisory; driver.ErrUnavailable when the server cannot
-// be reached; ErrStandby or ErrServerVersion for an unsuitable server. A
-// role that may not create what is missing gets an error naming the DDL to
-// run, and a lease table of the wrong shape one naming the shape wanted.
-func OpenLease(ctx context.Context, dsn string) (*LeaseLocker, error) {
-	c, err := parseDSN(dsn)
-	if err != nil {
-		return nil, err
-	}
-	if c.modeSet && c.mode != ModeLease {
-		return nil, fmt.Errorf("postgres: OpenLease with mode=%s: %w", c.mode, driver.ErrInvalid)
-	}
-	return openLease(ctx, c)
-}
-
-func openLease(ctx context.Context, c *config) (*LeaseLocker, error) {
+// openLease opens a lease-mode Locker on a pool of its own.
+func openLease(ctx context.Context, c *config) (*leaseLocker, error) {
 	pool, err := newPool(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	l, err := newLeaseLocker(ctx, pool, c)
+	l, err := newLease(ctx, pool, c)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -94,26 +71,12 @@ func openLease(ctx context.Context, c *config) (*LeaseLocker, error) {
 	return l, nil
 }
 
-// NewLease adopts a pool the caller already has, in lease mode: it runs the
-// same checks and setup as OpenLease, on ctx. Close does not close the pool.
-// No connection is held between operations.
-//
-// Errors are those of OpenLease; a nil pool or a bad option wraps
-// driver.ErrInvalid.
-func NewLease(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*LeaseLocker, error) {
-	c, err := adoptConfig(pool, opts)
-	if err != nil {
-		return nil, err
-	}
-	return newLeaseLocker(ctx, pool, c)
-}
-
-func newLeaseLocker(ctx context.Context, pool *pgxpool.Pool, c *config) (*LeaseLocker, error) {
+func newLease(ctx context.Context, pool *pgxpool.Pool, c *config) (*leaseLocker, error) {
 	r, err := setup(ctx, pool, c.schema, true)
 	if err != nil {
 		return nil, err
 	}
-	l := &LeaseLocker{pool: pool, ns: c.namespace, table: r.table, sql: buildLeaseStatements(r.table, r.seq), pooler: r.pooler}
+	l := &leaseLocker{pool: pool, ns: c.namespace, table: r.table, sql: buildLeaseStatements(r.table, r.seq), pooler: r.pooler}
 	if r.pooler {
 		// A transaction-mode pooler may run each statement on another
 		// server session: no named prepared statements.
@@ -133,7 +96,7 @@ func newLeaseLocker(ctx context.Context, pool *pgxpool.Pool, c *config) (*LeaseL
 }
 
 // args prepends the query mode to a statement's arguments.
-func (l *LeaseLocker) args(a ...any) []any {
+func (l *leaseLocker) args(a ...any) []any {
 	if l.mode == nil {
 		return a
 	}
@@ -153,7 +116,7 @@ func leaseID(ns, key string) []byte {
 // Capabilities reports TTLs kept to the millisecond from 1ms, durable tokens
 // (the sequence, and the grant itself, are flushed to the WAL before a grant
 // is reported) and that locks belong to their owner, not to the Locker.
-func (l *LeaseLocker) Capabilities() driver.Capabilities {
+func (l *leaseLocker) Capabilities() driver.Capabilities {
 	return driver.Capabilities{MinTTL: time.Millisecond, TTLGranularity: time.Millisecond, DurableTokens: true}
 }
 
@@ -174,12 +137,12 @@ func retryable(err error) bool {
 // fencing token from the sequence, with the expiry computed by the server's
 // clock. If another owner holds key it returns a *driver.HeldError with the
 // holder's remaining TTL. Acquire by the current owner, through any
-// LeaseLocker, resets the TTL and returns the same token.
+// leaseLocker, resets the TTL and returns the same token.
 //
 // Errors wrap driver.ErrInvalid (empty key or owner, ttl ≤ 0 or > MaxTTL),
 // driver.ErrNotAcquired, driver.ErrUnavailable, driver.ErrClosed, ctx.Err()
 // or ErrStandby.
-func (l *LeaseLocker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+func (l *leaseLocker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	ms, err := checkCall(key, owner, ttl)
 	if err != nil {
 		return 0, err
@@ -214,12 +177,12 @@ func (l *LeaseLocker) Acquire(ctx context.Context, key, owner string, ttl time.D
 	}
 }
 
-// Refresh resets the TTL of the lock owner holds, through any LeaseLocker:
+// Refresh resets the TTL of the lock owner holds, through any leaseLocker:
 // one owner-checked statement that never revives an expired row.
 //
 // Errors wrap driver.ErrInvalid, driver.ErrNotHeld, driver.ErrUnavailable,
 // driver.ErrClosed or ctx.Err().
-func (l *LeaseLocker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+func (l *leaseLocker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	ms, err := checkCall(key, owner, ttl)
 	if err != nil {
 		return err
@@ -244,13 +207,13 @@ func (l *LeaseLocker) Refresh(ctx context.Context, key, owner string, ttl time.D
 	}
 }
 
-// Release frees the lock owner holds, through any LeaseLocker: one
+// Release frees the lock owner holds, through any leaseLocker: one
 // owner-checked statement that marks the row expired and notifies waiters.
 // It returns driver.ErrNotHeld if owner does not hold key (any more).
 //
 // Errors wrap driver.ErrInvalid, driver.ErrNotHeld, driver.ErrUnavailable,
 // driver.ErrClosed or ctx.Err(). A failed Release leaves the lock to expire.
-func (l *LeaseLocker) Release(ctx context.Context, key, owner string) error {
+func (l *leaseLocker) Release(ctx context.Context, key, owner string) error {
 	if _, err := checkCall(key, owner, time.Millisecond); err != nil {
 		return err
 	}
@@ -282,7 +245,7 @@ func (l *LeaseLocker) Release(ctx context.Context, key, owner string) error {
 //
 // Errors: driver.ErrNotHeld if no one holds key; driver.ErrInvalid for an
 // empty key; driver.ErrUnavailable; driver.ErrClosed; ctx.Err().
-func (l *LeaseLocker) Inspect(ctx context.Context, key string) (driver.Info, error) {
+func (l *leaseLocker) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	if key == "" {
 		return driver.Info{}, fmt.Errorf("postgres: empty key: %w", driver.ErrInvalid)
 	}
@@ -310,7 +273,7 @@ func (l *LeaseLocker) Inspect(ctx context.Context, key string) (driver.Info, err
 
 // Ping makes one round trip to the server on a pooled connection. It returns
 // driver.ErrClosed after Close.
-func (l *LeaseLocker) Ping(ctx context.Context) error {
+func (l *leaseLocker) Ping(ctx context.Context) error {
 	ctx, done, err := l.begin(ctx)
 	if err != nil {
 		return err
@@ -323,10 +286,10 @@ func (l *LeaseLocker) Ping(ctx context.Context) error {
 }
 
 // Close stops the listener and the sweeper, aborts calls in progress and
-// closes the pool if OpenLease created it. Locks still held stay in the
+// closes the pool if Open created it. Locks still held stay in the
 // table until they expire. It is idempotent; later calls of every method
 // return driver.ErrClosed.
-func (l *LeaseLocker) Close() error {
+func (l *leaseLocker) Close() error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -350,7 +313,7 @@ func (l *LeaseLocker) Close() error {
 
 // sweeper deletes rows expired for longer than age, every interval (±20%),
 // until Close.
-func (l *LeaseLocker) sweeper(interval, age time.Duration) {
+func (l *leaseLocker) sweeper(interval, age time.Duration) {
 	defer l.bg.Done()
 	for {
 		d := time.Duration(float64(interval) * (0.8 + 0.4*rand.Float64()))
@@ -368,14 +331,14 @@ func (l *LeaseLocker) sweeper(interval, age time.Duration) {
 }
 
 // sweep deletes the rows expired for longer than age and returns how many.
-func (l *LeaseLocker) sweep(ctx context.Context, age time.Duration) (int64, error) {
+func (l *leaseLocker) sweep(ctx context.Context, age time.Duration) (int64, error) {
 	tag, err := l.pool.Exec(ctx, l.sql.sweep, l.args(age.Milliseconds())...)
 	return tag.RowsAffected(), err
 }
 
 // begin starts an operation: it fails once Close has begun, and returns a
 // context that is also cancelled (with cause driver.ErrClosed) by Close.
-func (l *LeaseLocker) begin(ctx context.Context) (context.Context, func(), error) {
+func (l *leaseLocker) begin(ctx context.Context) (context.Context, func(), error) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -398,7 +361,7 @@ func (l *LeaseLocker) begin(ctx context.Context) (context.Context, func(), error
 
 // fail wraps err from operation op. When ctx is done it reports why: Close
 // (driver.ErrClosed) or the caller's context.
-func (l *LeaseLocker) fail(ctx context.Context, op string, err error) error {
+func (l *leaseLocker) fail(ctx context.Context, op string, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("postgres: %s: %w", op, context.Cause(ctx))
 	}

@@ -24,13 +24,16 @@ func leaseURL(url string) string {
 	return url + "?mode=lease"
 }
 
-func openLeaseT(t testing.TB, url string) *LeaseLocker {
+func openLeaseT(t testing.TB, url string) *Locker {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	l, err := OpenLease(ctx, url)
+	l, err := Open(ctx, leaseURL(url))
 	if err != nil {
-		t.Fatalf("OpenLease: %v", err)
+		t.Fatalf("Open in lease mode: %v", err)
+	}
+	if l.Mode() != ModeLease {
+		t.Fatalf("Open with mode=lease: mode %q", l.Mode())
 	}
 	t.Cleanup(func() { _ = l.Close() })
 	return l
@@ -48,26 +51,18 @@ func TestLeaseConformance(t *testing.T) {
 
 // The conformance suite in lease mode through a real PgBouncer in
 // transaction mode: every statement is autocommit and uses no named
-// prepared statement, and waits fall back to the holder's TTL: Subscribe
-// returns ErrListenPooler, and Driver.Open returns a Locker without it.
+// prepared statement, and waits fall back to the holder's TTL and backoff:
+// the wait's subscription returns errListenPooler.
 func TestLeaseConformancePgBouncer(t *testing.T) {
 	srv := pgtest.Start(t, "max_connections=200")
 	port := srv.StartPgBouncer(t)
 	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&mode=lease", port)
 	l := openLeaseT(t, url)
-	if !l.pooler {
+	if !l.lease.pooler {
 		t.Fatal("PgBouncer not detected")
 	}
-	if _, _, err := l.Subscribe(ctxFor(t, 10*time.Second), "k"); !errors.Is(err, ErrListenPooler) {
-		t.Fatalf("Subscribe through PgBouncer: %v, want ErrListenPooler", err)
-	}
-	d, err := Driver{}.Open(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	if _, ok := d.(driver.Waiter); ok {
-		t.Fatal("Driver.Open behind PgBouncer returned a driver.Waiter")
+	if _, _, err := l.lease.subscribe(ctxFor(t, 10*time.Second), "k"); !errors.Is(err, errListenPooler) {
+		t.Fatalf("subscribe through PgBouncer: %v, want errListenPooler", err)
 	}
 	conformance.Run(t, conformance.Harness{
 		Open: func(ctx context.Context) (driver.Locker, error) {

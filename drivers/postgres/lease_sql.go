@@ -70,7 +70,7 @@ SELECT coalesce((SELECT array_agg(a.attname || ' ' || format_type(a.atttypid, a.
 	return nil
 }
 
-// leaseStatements are the SQL texts of a LeaseLocker, built once for its
+// leaseStatements are the SQL texts of a leaseLocker, built once for its
 // table and sequence.
 type leaseStatements struct {
 	acquire, refresh, release, inspect, sweep string

@@ -84,10 +84,10 @@ func TestLeaseTableReuseAndHOT(t *testing.T) {
 		t.Fatalf("%d rows for %d keys", n, keys)
 	}
 	// Make the pool's one session report its statistics.
-	if _, err := l.pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+	if _, err := l.lease.pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.pool.Exec(ctx, `SELECT 1`); err != nil {
+	if _, err := l.lease.pool.Exec(ctx, `SELECT 1`); err != nil {
 		t.Fatal(err)
 	}
 	want := int64(keys*(2*rounds-1) + 2*keys)
@@ -106,7 +106,7 @@ func TestLeaseSweep(t *testing.T) {
 	ctx := ctxFor(t, 2*time.Minute)
 	p := poolT(t, srv.URL())
 	const age = 500 * time.Millisecond
-	sweeper, err := NewLease(ctx, p, withSweep(20*time.Millisecond, age))
+	sweeper, err := New(ctx, p, &Options{Mode: ModeLease, SweepInterval: 20 * time.Millisecond, SweepAge: age})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,9 +149,4 @@ func TestLeaseSweep(t *testing.T) {
 	if err != nil || info.Owner != "here" {
 		t.Fatalf("the live lease: %+v %v", info, err)
 	}
-}
-
-// withSweep sets the lease mode's clean-up interval and age.
-func withSweep(every, age time.Duration) Option {
-	return func(c *config) { c.sweepEvery, c.sweepAge = every, age }
 }

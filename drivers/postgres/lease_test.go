@@ -15,10 +15,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The mode parameter: lease or advisory, nothing else; each mode has its own
-// constructor, and unknown parameters are still rejected.
+// The mode parameter: lease or advisory, nothing else; Open and Driver.Open
+// return a *Locker in the mode the URL names, and unknown parameters are
+// still rejected.
 func TestLeaseModeParam(t *testing.T) {
-	ctx := ctxFor(t, 30*time.Second)
 	for _, dsn := range []string{
 		"postgres://h/db?mode=nonsense",
 		"postgres://h/db?mode=",
@@ -38,18 +38,12 @@ func TestLeaseModeParam(t *testing.T) {
 		t.Fatalf("default mode: %+v %v", c, err)
 	}
 	url := serverURL(t)
-	if _, err := Open(ctx, leaseURL(url)); !errors.Is(err, driver.ErrInvalid) {
-		t.Errorf("Open with mode=lease: %v, want ErrInvalid", err)
-	}
-	if _, err := OpenLease(ctx, url+"&mode=advisory"); !errors.Is(err, driver.ErrInvalid) {
-		t.Errorf("OpenLease with mode=advisory: %v, want ErrInvalid", err)
-	}
 	d, err := Driver{}.Open(leaseURL(url))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if _, ok := d.(*LeaseLocker); !ok {
+	if l, ok := d.(*Locker); !ok || l.Mode() != ModeLease {
 		t.Fatalf("Driver.Open with mode=lease returned %T", d)
 	}
 	if d.(driver.Capable).Capabilities().LockerBound {
@@ -60,7 +54,7 @@ func TestLeaseModeParam(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	if _, ok := a.(*Locker); !ok {
+	if l, ok := a.(*Locker); !ok || l.Mode() != ModeAdvisory {
 		t.Fatalf("Driver.Open with mode=advisory returned %T", a)
 	}
 }
@@ -76,7 +70,7 @@ func TestLeaseSetupConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := OpenLease(ctxFor(t, time.Minute), leaseURL(url)+"&schema="+schema)
+			l, err := Open(ctxFor(t, time.Minute), leaseURL(url)+"&schema="+schema)
 			if err == nil {
 				l.Close()
 			}
@@ -104,9 +98,9 @@ func TestLeaseSetupPrivilegeAndShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	alice := fmt.Sprintf("postgres://alice@%s/postgres?sslmode=disable&mode=lease&schema=alice_locks", srv.Addr())
-	_, err := OpenLease(ctx, alice)
+	_, err := Open(ctx, leaseURL(alice))
 	if err == nil || !strings.Contains(err.Error(), "permission denied") {
-		t.Fatalf("OpenLease without CREATE: %v", err)
+		t.Fatalf("Open in lease mode without CREATE: %v", err)
 	}
 	_, ddl, ok := strings.Cut(err.Error(), "run: ")
 	if !ok || !strings.Contains(ddl, "CREATE TABLE IF NOT EXISTS "+`"alice_locks"."locker_leases"`) ||
@@ -126,8 +120,8 @@ func TestLeaseSetupPrivilegeAndShape(t *testing.T) {
 	if _, err := admin.Exec(ctx, `REVOKE DELETE ON alice_locks.locker_leases FROM alice`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenLease(ctx, alice); err == nil || !strings.Contains(err.Error(), "GRANT SELECT, INSERT, UPDATE, DELETE") {
-		t.Fatalf("OpenLease without DELETE on the table: %v", err)
+	if _, err := Open(ctx, leaseURL(alice)); err == nil || !strings.Contains(err.Error(), "GRANT SELECT, INSERT, UPDATE, DELETE") {
+		t.Fatalf("Open in lease mode without DELETE on the table: %v", err)
 	}
 	if _, err := admin.Exec(ctx, `GRANT DELETE ON alice_locks.locker_leases TO alice`); err != nil {
 		t.Fatal(err)
@@ -147,7 +141,7 @@ func TestLeaseSetupPrivilegeAndShape(t *testing.T) {
 		if _, err := admin.Exec(ctx, `CREATE SCHEMA `+schema+`; `+fmt.Sprintf(ddl, schema)); err != nil {
 			t.Fatal(err)
 		}
-		_, err := OpenLease(ctx, leaseURL(srv.URL())+"&schema="+schema)
+		_, err := Open(ctx, leaseURL(srv.URL())+"&schema="+schema)
 		if err == nil || !strings.Contains(err.Error(), "wrong shape") || !strings.Contains(err.Error(), "CREATE TABLE IF NOT EXISTS") {
 			t.Fatalf("wrong shape %d: %v", i, err)
 		}
@@ -309,5 +303,78 @@ func TestLeaseStatementsPerOperation(t *testing.T) {
 	}
 	if got := statements(); got != 4*n {
 		t.Fatalf("%d rounds of acquire, refresh, refused acquire and release ran %d statements, want %d", n, got, 4*n)
+	}
+}
+
+// One Locker type, two modes, each with the optional interfaces' behaviour
+// of its own: in lease mode WatchHold is unsupported (ErrClosed after
+// Close) and AcquireWait is woken by the release's notification, well
+// before its 2s fallback; in advisory mode the lock is LockerBound and
+// watched.
+func TestLockerModes(t *testing.T) {
+	url := serverURL(t)
+	ctx := ctxFor(t, time.Minute)
+	adv, lease := openT(t, url), openLeaseT(t, url)
+	if adv.Mode() != ModeAdvisory || lease.Mode() != ModeLease {
+		t.Fatalf("modes %q and %q", adv.Mode(), lease.Mode())
+	}
+	if !adv.Capabilities().LockerBound || lease.Capabilities().LockerBound {
+		t.Fatal("LockerBound must hold in advisory mode only")
+	}
+	key := fmt.Sprintf("modes/%d", time.Now().UnixNano())
+	tok, err := adv.Acquire(ctx, key, "o", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := adv.WatchHold(key, "o", tok, func(error) { t.Error("advisory lock reported lost") })
+	if err != nil {
+		t.Fatalf("advisory WatchHold: %v", err)
+	}
+	stop()
+	if err := adv.Release(ctx, key, "o"); err != nil {
+		t.Fatal(err)
+	}
+
+	tok, err = lease.Acquire(ctx, key, "a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lease.WatchHold(key, "a", tok, func(error) {}); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("lease WatchHold: %v, want ErrUnsupported", err)
+	}
+	other := openLeaseT(t, url)
+	type result struct {
+		tok uint64
+		at  time.Time
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		tok, err := other.AcquireWait(ctx, key, "b", time.Minute)
+		got <- result{tok, time.Now(), err}
+	}()
+	// The waiter has subscribed once its first attempt was refused; give
+	// it a moment past that (a wake-up before the release only makes it
+	// try again).
+	time.Sleep(300 * time.Millisecond)
+	released := time.Now()
+	if err := lease.Release(ctx, key, "a"); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil || r.tok <= tok {
+		t.Fatalf("lease AcquireWait = (%d, %v), want a token above %d", r.tok, r.err, tok)
+	}
+	lag := r.at.Sub(released)
+	t.Logf("lease AcquireWait granted %v after the release", lag)
+	if lag > 500*time.Millisecond {
+		t.Errorf("lease AcquireWait granted %v after the release, want well within the 2s fallback", lag)
+	}
+	if err := other.Release(ctx, key, "b"); err != nil {
+		t.Fatal(err)
+	}
+	_ = lease.Close()
+	if _, err := lease.WatchHold(key, "a", tok, func(error) {}); !errors.Is(err, driver.ErrClosed) {
+		t.Fatalf("lease WatchHold after Close: %v, want ErrClosed", err)
 	}
 }

@@ -12,13 +12,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ErrListenPooler is returned by LeaseLocker.Subscribe when the Locker's
+// errListenPooler is returned by leaseLocker.subscribe when the Locker's
 // connections go through a pooler: a transaction-mode pooler hands the
 // LISTENing server session to other clients between transactions, so
-// notifications would be lost. Package locker then waits without
+// notifications would be lost. AcquireWait then waits without
 // notifications: it retries at the holder's remaining TTL (reported by
 // Acquire) and on its capped backoff.
-var ErrListenPooler = errors.New("postgres: LISTEN does not work through a pooler; waits fall back to the holder's TTL and backoff")
+var errListenPooler = errors.New("postgres: LISTEN does not work through a pooler; waits fall back to the holder's TTL and backoff")
 
 // Backoff of the listener's reconnection.
 const (
@@ -26,20 +26,20 @@ const (
 	listenRetryMax = time.Second
 )
 
-// Subscribe implements driver.Waiter with LISTEN/NOTIFY: a Release
+// subscribe is the wake-up of a lease-mode wait: LISTEN/NOTIFY: a Release
 // notifies on the channel "locker_lease" with the key's id, and one
-// listener connection per LeaseLocker, opened by the first Subscribe
+// listener connection per leaseLocker, opened by the first subscribe
 // outside the pool, LISTENs for all the keys its callers wait for. wake
 // receives a value after each release of key. Expiry is not notified:
 // Acquire reports the holder's remaining TTL (driver.HeldError), and
-// package locker retries at that moment. After the listener connection is
+// acquireWait retries at that moment. After the listener connection is
 // lost it reconnects (backoff 10ms to 1s) and then wakes every subscriber
 // once, since a release in between may have been missed.
 //
-// Errors: ErrListenPooler behind a pooler (see there); driver.ErrInvalid
+// Errors: errListenPooler behind a pooler (see there); driver.ErrInvalid
 // for an empty key; driver.ErrClosed; ctx.Err() if ctx ends before the
 // listener's first connection attempt has finished.
-func (l *LeaseLocker) Subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+func (l *leaseLocker) subscribe(ctx context.Context, key string) (<-chan struct{}, func(), error) {
 	if key == "" {
 		return nil, nil, fmt.Errorf("postgres: empty key: %w", driver.ErrInvalid)
 	}
@@ -47,7 +47,7 @@ func (l *LeaseLocker) Subscribe(ctx context.Context, key string) (<-chan struct{
 		return nil, nil, fmt.Errorf("postgres: subscribe: %w", err)
 	}
 	if l.pooler {
-		return nil, nil, ErrListenPooler
+		return nil, nil, errListenPooler
 	}
 	l.mu.Lock()
 	if l.closed {
@@ -75,7 +75,7 @@ func (l *LeaseLocker) Subscribe(ctx context.Context, key string) (<-chan struct{
 	}
 }
 
-// listener is the LISTEN connection of a LeaseLocker and its subscribers.
+// listener is the LISTEN connection of a leaseLocker and its subscribers.
 type listener struct {
 	cfg    *pgconn.Config
 	cancel context.CancelFunc
@@ -86,7 +86,7 @@ type listener struct {
 	subs map[string]map[chan struct{}]struct{} // by payload
 }
 
-func (l *LeaseLocker) newListener() *listener {
+func (l *leaseLocker) newListener() *listener {
 	ctx, cancel := context.WithCancel(l.ctx)
 	s := &listener{cancel: cancel, tried: make(chan struct{}), done: make(chan struct{}),
 		subs: map[string]map[chan struct{}]struct{}{}}
@@ -196,30 +196,3 @@ func (s *listener) close() {
 	s.cancel()
 	<-s.done
 }
-
-// pooledLease is a LeaseLocker behind a pooler, without Subscribe: it is
-// what Driver.Open returns there, so that package locker, finding no
-// driver.Waiter, waits on the holder's remaining TTL and its backoff.
-type pooledLease struct{ l *LeaseLocker }
-
-func (p pooledLease) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
-	return p.l.Acquire(ctx, key, owner, ttl)
-}
-
-func (p pooledLease) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	return p.l.Refresh(ctx, key, owner, ttl)
-}
-
-func (p pooledLease) Release(ctx context.Context, key, owner string) error {
-	return p.l.Release(ctx, key, owner)
-}
-
-func (p pooledLease) Close() error { return p.l.Close() }
-
-func (p pooledLease) Inspect(ctx context.Context, key string) (driver.Info, error) {
-	return p.l.Inspect(ctx, key)
-}
-
-func (p pooledLease) Capabilities() driver.Capabilities { return p.l.Capabilities() }
-
-func (p pooledLease) Ping(ctx context.Context) error { return p.l.Ping(ctx) }

@@ -56,7 +56,7 @@ func TestLeaseListener(t *testing.T) {
 		if _, err := h.Acquire(ctx, key, "h", time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		ch, cancel, err := w.Subscribe(ctx, key)
+		ch, cancel, err := w.lease.subscribe(ctx, key)
 		if err != nil {
 			t.Fatal(err)
 		}

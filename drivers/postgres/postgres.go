@@ -54,49 +54,21 @@ func init() {
 // Driver is the driver.Driver registered as "postgres" and "postgresql".
 type Driver struct{}
 
-// Open calls the package-level Open, or OpenLease for a URL with
-// mode=lease, with a background context bounded by OpenTimeout. Behind a
-// pooler, the lease mode's Locker does not implement driver.Waiter (see
-// ErrListenPooler).
+// Open calls the package-level Open with a background context bounded by
+// OpenTimeout.
 func (Driver) Open(dsn string) (driver.Locker, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), OpenTimeout)
 	defer cancel()
-	c, err := parseDSN(dsn)
-	if err != nil {
-		return nil, err
-	}
-	if c.mode == ModeLease {
-		l, err := openLease(ctx, c)
-		if err != nil {
-			return nil, err
-		}
-		if l.pooler {
-			return pooledLease{l}, nil
-		}
-		return l, nil
-	}
-	l, err := openAdvisory(ctx, c)
+	l, err := Open(ctx, dsn)
 	if err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-// Option configures New.
-type Option func(*config)
-
-// WithSchema sets the schema holding the token sequence and, in lease
-// mode, the lease table (default DefaultSchema). It is created if missing.
-func WithSchema(schema string) Option { return func(c *config) { c.schema = schema } }
-
-// WithNamespace sets the namespace hashed with every key (default
-// DefaultNamespace). Lockers coordinate only within one namespace.
-func WithNamespace(ns string) Option { return func(c *config) { c.namespace = ns } }
-
-// Locker is the driver.Locker of this package. It implements
-// driver.BlockingAcquirer, driver.HoldWatcher (on Linux), driver.Inspector,
-// driver.Capable and driver.Pinger. It is safe for concurrent use.
-type Locker struct {
+// advisoryLocker is a Locker in advisory mode: each lock is a session-level
+// advisory lock on a pooled connection pinned to it.
+type advisoryLocker struct {
 	pool    *pgxpool.Pool
 	ownPool bool
 	ns      string
@@ -110,6 +82,7 @@ type Locker struct {
 	ops       sync.WaitGroup
 	slots     map[string]*slot
 	watcher   *sessionWatcher // started by the first WatchHold
+	prober    *sessionProber  // started by the first WatchHold
 	listeners uint64          // last WatchHold listener id
 }
 
@@ -123,57 +96,19 @@ type slot struct {
 	h  *hold
 }
 
-// Open connects to the PostgreSQL server named by dsn (see the package
-// documentation for its format), checks the server (not a standby, not
-// behind a pooler, version 14 or later) and creates the schema and token
-// sequence if missing. The pool it creates is closed by Close. It opens the
-// advisory mode only: a URL with mode=lease is for OpenLease.
-//
-// Errors wrap driver.ErrInvalid for a malformed URL, an unknown query
-// parameter or mode=lease; driver.ErrUnavailable when the server cannot be reached
-// (connection refused or timed out, TLS or authentication failure, no free
-// connection slot, the server starting up or shutting down); ErrStandby,
-// ErrPooler or ErrServerVersion for an unsuitable server; otherwise they
-// carry the server's or pgx's message.
-func Open(ctx context.Context, dsn string) (*Locker, error) {
-	c, err := parseDSN(dsn)
-	if err != nil {
-		return nil, err
-	}
-	if c.mode == ModeLease {
-		return nil, fmt.Errorf("postgres: mode=lease: use OpenLease (or locker.OpenURL), which returns a *LeaseLocker: %w", driver.ErrInvalid)
-	}
-	return openAdvisory(ctx, c)
-}
-
-func openAdvisory(ctx context.Context, c *config) (*Locker, error) {
+// openAdvisory opens an advisory-mode Locker on a pool of its own.
+func openAdvisory(ctx context.Context, c *config) (*advisoryLocker, error) {
 	pool, err := newPool(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	l, err := newLocker(ctx, pool, c)
+	l, err := newAdvisory(ctx, pool, c)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
 	l.ownPool = true
 	return l, nil
-}
-
-// New adopts a pool the caller already has: it runs the same checks and
-// setup as Open, on ctx. Close does not close the pool. Each held lock and
-// each blocked AcquireWait takes one connection out of the pool until the
-// lock is released (connections are never returned while holding a lock),
-// so size the pool for them plus the application's own use.
-//
-// Errors are those of Open; a nil pool or a bad option wraps
-// driver.ErrInvalid.
-func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Locker, error) {
-	c, err := adoptConfig(pool, opts)
-	if err != nil {
-		return nil, err
-	}
-	return newLocker(ctx, pool, c)
 }
 
 // newPool opens the pool c describes; a failure wraps driver.ErrUnavailable
@@ -186,28 +121,12 @@ func newPool(ctx context.Context, c *config) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// adoptConfig is the configuration of New and NewLease: opts over the
-// defaults, for a pool the caller passed (nil is driver.ErrInvalid).
-func adoptConfig(pool *pgxpool.Pool, opts []Option) (*config, error) {
-	if pool == nil {
-		return nil, fmt.Errorf("postgres: nil pool: %w", driver.ErrInvalid)
-	}
-	c := &config{schema: DefaultSchema, namespace: DefaultNamespace}
-	for _, o := range opts {
-		o(c)
-	}
-	if err := checkSchema(c.schema); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-func newLocker(ctx context.Context, pool *pgxpool.Pool, c *config) (*Locker, error) {
+func newAdvisory(ctx context.Context, pool *pgxpool.Pool, c *config) (*advisoryLocker, error) {
 	r, err := setup(ctx, pool, c.schema, false)
 	if err != nil {
 		return nil, err
 	}
-	l := &Locker{pool: pool, ns: c.namespace, sql: buildStatements(r.seq), slots: map[string]*slot{}}
+	l := &advisoryLocker{pool: pool, ns: c.namespace, sql: buildStatements(r.seq), slots: map[string]*slot{}}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	return l, nil
 }
@@ -217,13 +136,13 @@ func newLocker(ctx context.Context, pool *pgxpool.Pool, c *config) (*Locker, err
 // durable before a grant is reported), and LockerBound: an advisory lock
 // belongs to the session, so only the Locker that took it can refresh or
 // release it.
-func (l *Locker) Capabilities() driver.Capabilities {
+func (l *advisoryLocker) Capabilities() driver.Capabilities {
 	return driver.Capabilities{MinTTL: 10 * time.Millisecond, TTLGranularity: time.Millisecond, DurableTokens: true, LockerBound: true}
 }
 
 // Ping makes one round trip to the server on a pooled connection. It returns
 // driver.ErrClosed after Close.
-func (l *Locker) Ping(ctx context.Context) error {
+func (l *advisoryLocker) Ping(ctx context.Context) error {
 	ctx, done, err := l.begin(ctx)
 	if err != nil {
 		return err
@@ -239,7 +158,7 @@ func (l *Locker) Ping(ctx context.Context) error {
 // server then frees the lock; nothing goes back to the pool holding one),
 // aborts waits in progress, and closes the pool if Open created it. It is
 // idempotent; later calls of every method return driver.ErrClosed.
-func (l *Locker) Close() error {
+func (l *advisoryLocker) Close() error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -262,9 +181,12 @@ func (l *Locker) Close() error {
 		s.mu.Unlock()
 	}
 	l.mu.Lock()
-	w := l.watcher
-	l.watcher = nil
+	w, p := l.watcher, l.prober
+	l.watcher, l.prober = nil, nil
 	l.mu.Unlock()
+	if p != nil {
+		p.close()
+	}
 	if w != nil {
 		w.close()
 	}
@@ -276,7 +198,7 @@ func (l *Locker) Close() error {
 
 // begin starts an operation: it fails once Close has begun, and returns a
 // context that is also cancelled (with cause driver.ErrClosed) by Close.
-func (l *Locker) begin(ctx context.Context) (context.Context, func(), error) {
+func (l *advisoryLocker) begin(ctx context.Context) (context.Context, func(), error) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -299,7 +221,7 @@ func (l *Locker) begin(ctx context.Context) (context.Context, func(), error) {
 
 // fail wraps err from operation op. When ctx is done it reports why: Close
 // (driver.ErrClosed) or the caller's context.
-func (l *Locker) fail(ctx context.Context, op string, err error) error {
+func (l *advisoryLocker) fail(ctx context.Context, op string, err error) error {
 	if ctx.Err() != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, driver.ErrClosed) {
 			return fmt.Errorf("postgres: %s: %w", op, driver.ErrClosed)
@@ -311,7 +233,7 @@ func (l *Locker) fail(ctx context.Context, op string, err error) error {
 }
 
 // getSlot returns key's slot, creating it, and counts a reference.
-func (l *Locker) getSlot(key string) *slot {
+func (l *advisoryLocker) getSlot(key string) *slot {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.slots[key]
@@ -324,7 +246,7 @@ func (l *Locker) getSlot(key string) *slot {
 }
 
 // peekSlot returns key's slot with a reference, or nil.
-func (l *Locker) peekSlot(key string) *slot {
+func (l *advisoryLocker) peekSlot(key string) *slot {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.slots[key]
@@ -336,7 +258,7 @@ func (l *Locker) peekSlot(key string) *slot {
 
 // putSlot drops a reference; the slot is forgotten once unreferenced and
 // empty.
-func (l *Locker) putSlot(key string, s *slot) {
+func (l *advisoryLocker) putSlot(key string, s *slot) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s.refs--
@@ -348,7 +270,7 @@ func (l *Locker) putSlot(key string, s *slot) {
 // setHold sets s.h; the caller holds s.mu. A hold it replaces stops being
 // watched, without a report. (Lock order: slot.mu before Locker.mu, never
 // the reverse.)
-func (l *Locker) setHold(s *slot, h *hold) {
+func (l *advisoryLocker) setHold(s *slot, h *hold) {
 	s.h = h
 	l.mu.Lock()
 	if old := s.cur; old != nil && old != h {

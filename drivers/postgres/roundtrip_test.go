@@ -13,9 +13,11 @@ import (
 // What the server sees per operation, counted by pg_stat_statements (every
 // statement executed) and transaction ids (a commit flushes the WAL only if
 // its transaction has one): an uncontended acquire+release is two
-// statements, a refresh one, holding a watched lock none, a refused attempt
-// two, and a WAL flush happens about once per 32 acquisitions (when the
-// sequence logs), not on every one.
+// statements, a refresh one, holding a watched lock none on the lock's
+// session (the session probe's one statement per probeInterval, for all the
+// Locker's watched locks, is counted apart), a refused attempt two, and a
+// WAL flush happens about once per 32 acquisitions (when the sequence
+// logs), not on every one.
 func TestStatementsPerOperation(t *testing.T) {
 	srv := pgtest.Start(t, "shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all")
 	ctx := ctxFor(t, 2*time.Minute)
@@ -42,14 +44,17 @@ func TestStatementsPerOperation(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	statements := func() int64 {
+	// The probe's statement is told apart by its text.
+	count := func(probe bool) int64 {
 		var n int64
 		if err := mon.QueryRow(ctx, `SELECT coalesce(sum(calls), 0) FROM pg_stat_statements
-			WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%pg_current_snapshot%'`).Scan(&n); err != nil {
+			WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%pg_current_snapshot%'
+				AND (query LIKE '%pid = ANY($1)%') = $1`, probe).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
+	statements := func() int64 { return count(false) }
 	// Transaction ids assigned: a statement flushes the WAL at commit only
 	// if it has one (its nextval logged, or it emitted a message to flush
 	// another's record).
@@ -118,6 +123,11 @@ func TestStatementsPerOperation(t *testing.T) {
 	time.Sleep(time.Second) // the interval during which nothing may be sent
 	if got := statements(); got != 0 {
 		t.Errorf("holding a lock for 1s ran %d statements, want 0", got)
+	}
+	probes := count(true)
+	t.Logf("holding a watched lock for 1s: %d probe statements", probes)
+	if probes < 1 || probes > int64(time.Second/probeInterval)+2 {
+		t.Errorf("holding a watched lock for 1s ran %d probe statements, want 1 to %d", probes, time.Second/probeInterval+2)
 	}
 	if err := lk.Refresh(ctx, time.Minute); err != nil {
 		t.Fatal(err)

@@ -21,6 +21,13 @@ import (
 // Lost() must close (the package documentation and the README quote it).
 const lostBound = 100 * time.Millisecond
 
+// halfOpenBound is how soon after the server ends a session whose client
+// side stays open and silent (a half-open connection) the holder's Lost()
+// must close: the session probe (probe.go) finds it within one probe
+// interval plus, when the probe's own connection is half-open too, one
+// probe timeout and a reconnection.
+const halfOpenBound = time.Second
+
 // faultTTL is the TTL of the session-fault tests: long enough that a grant
 // before it can only come from the session's end, not from expiry.
 const faultTTL = 6 * time.Second
@@ -91,14 +98,21 @@ type sessionFault struct {
 	recover func(t *testing.T)
 	// grantBound bounds the time from the fault to the waiter's grant.
 	grantBound time.Duration
+	// lostBound bounds the time from the fault to the holder's Lost()
+	// (zero: the package's lostBound).
+	lostBound time.Duration
 }
 
 // runSessionFault takes a lock in one Locker, has a second Locker wait for
 // it in Acquire, injects the fault and measures: the holder's Lost() must
-// close within lostBound of the fault; the waiter's grant comes within
+// close within f.lostBound (default lostBound) of the fault, and so at most
+// that long after the waiter's grant; the waiter's grant comes within
 // grantBound with a higher token; and a fenced register fed by both never
 // accepts the old holder's write after the new holder's.
 func runSessionFault(t *testing.T, f sessionFault) {
+	if f.lostBound == 0 {
+		f.lostBound = lostBound
+	}
 	ctx := ctxFor(t, 2*time.Minute)
 	key := fmt.Sprintf("fault/%s/%d", t.Name(), time.Now().UnixNano())
 	holder := locker.New(openT(t, f.holderURL))
@@ -190,9 +204,13 @@ func runSessionFault(t *testing.T, f sessionFault) {
 		t.Fatalf("waiter: %v", g.err)
 	}
 	lostAfter, grantAfter := lostAt.Sub(faultAt), g.at.Sub(faultAt)
-	t.Logf("after the fault: holder's Lost() %v, waiter granted %v (token %d → %d)", lostAfter, grantAfter, lk.Token(), g.token)
-	if lostAfter > lostBound {
-		t.Errorf("Lost() closed %v after the fault, want within %v", lostAfter, lostBound)
+	t.Logf("after the fault: holder's Lost() %v, waiter granted %v (token %d → %d); Lost() %v after the grant",
+		lostAfter, grantAfter, lk.Token(), g.token, lostAt.Sub(g.at))
+	if lostAfter > f.lostBound {
+		t.Errorf("Lost() closed %v after the fault, want within %v", lostAfter, f.lostBound)
+	}
+	if gap := lostAt.Sub(g.at); gap > f.lostBound {
+		t.Errorf("Lost() closed %v after the waiter's grant, want within %v", gap, f.lostBound)
 	}
 	if grantAfter > f.grantBound {
 		t.Errorf("waiter granted %v after the fault, want within %v", grantAfter, f.grantBound)
@@ -268,19 +286,7 @@ func TestSessionFaultOtherBackendKilled(t *testing.T) {
 // exits and frees the lock.
 func TestSessionFaultConnectionReset(t *testing.T) {
 	url := serverURL(t)
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.New(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	proxied, err := replaceHost(url, p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, proxied := proxyFor(t, url)
 	runSessionFault(t, sessionFault{
 		holderURL: proxied, waiterURL: url, monitor: monitorConn(t, url),
 		inject: func(t *testing.T, key string) {
@@ -290,6 +296,51 @@ func TestSessionFaultConnectionReset(t *testing.T) {
 		},
 		grantBound: faultTTL / 2,
 	})
+}
+
+// (e) A half-open connection: something between the holder and the server
+// (a proxy whose backend connection died, an HA proxy failing over, a
+// middlebox) resets only the server's side. The backend exits and frees the
+// lock at once, so the waiter is granted; the holder's socket stays open
+// and silent, so only a look from outside the session can tell the holder.
+// Its Lost() must close within halfOpenBound of the reset (and so within
+// halfOpenBound of the waiter's grant, which the reset precedes), long
+// before the next renewal (TTL/3) could time out; the waiter's token is
+// higher, and the fenced register accepts no write of the old holder after
+// the new holder's.
+func TestSessionFaultHalfOpen(t *testing.T) {
+	url := serverURL(t)
+	p, proxied := proxyFor(t, url)
+	runSessionFault(t, sessionFault{
+		holderURL: proxied, waiterURL: url, monitor: monitorConn(t, url),
+		inject: func(t *testing.T, key string) {
+			if n := p.ResetSide(faultproxy.Server); n == 0 {
+				t.Fatal("no connection through the proxy to reset")
+			}
+		},
+		grantBound: faultTTL / 2,
+		lostBound:  halfOpenBound,
+	})
+}
+
+// proxyFor starts a fault proxy in front of url's server and returns it
+// with url rewritten to go through it.
+func proxyFor(t *testing.T, url string) (*faultproxy.Proxy, string) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.New(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	proxied, err := replaceHost(url, p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, proxied
 }
 
 // (d) The server is restarted with an immediate shutdown while the lock is

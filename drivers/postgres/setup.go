@@ -27,17 +27,15 @@ type setupResult struct {
 // lease mode notes it, and runs its statements without named prepared
 // statements, which a transaction-mode pooler cannot keep.
 func setup(ctx context.Context, pool *pgxpool.Pool, schema string, lease bool) (setupResult, error) {
-	seq := pgx.Identifier{schema, SequenceName}.Sanitize()
-	res := setupResult{seq: seq}
-	var mode []any
+	st := &setupCall{schema: schema, lease: lease}
+	st.res.seq = pgx.Identifier{schema, SequenceName}.Sanitize()
 	if lease {
-		res.table = pgx.Identifier{schema, LeaseTableName}.Sanitize()
-		mode = []any{pgx.QueryExecModeExec}
+		st.res.table = pgx.Identifier{schema, LeaseTableName}.Sanitize()
+		st.mode = []any{pgx.QueryExecModeExec}
 	}
-	args := func(a ...any) []any { return append(append([]any{}, mode...), a...) }
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return res, fmt.Errorf("postgres: %w", unavailable(err))
+		return st.res, fmt.Errorf("postgres: %w", unavailable(err))
 	}
 	ok := false
 	defer func() {
@@ -47,98 +45,139 @@ func setup(ctx context.Context, pool *pgxpool.Pool, schema string, lease bool) (
 			destroy(conn)
 		}
 	}()
+	if err := st.checkServer(ctx, conn); err != nil {
+		return st.res, err
+	}
+	if err := st.create(ctx, conn, pool.Config().ConnConfig.User); err != nil {
+		return st.res, err
+	}
+	if err := st.checkSequence(ctx, conn); err != nil {
+		return st.res, err
+	}
+	if lease {
+		if err := checkLeaseTable(ctx, conn, st.res.table, st.mode); err != nil {
+			return st.res, err
+		}
+	}
+	ok = true
+	return st.res, nil
+}
+
+// setupCall is one setup: what it was asked and what it found.
+type setupCall struct {
+	schema string
+	lease  bool
+	mode   []any // the query mode, prepended to every statement's arguments
+	res    setupResult
+}
+
+// args prepends the query mode to a statement's arguments.
+func (st *setupCall) args(a ...any) []any { return append(append([]any{}, st.mode...), a...) }
+
+// checkServer refuses a standby, a server older than 14 and, in advisory
+// mode, a pooler (noted in res.pooler).
+func (st *setupCall) checkServer(ctx context.Context, conn *pgxpool.Conn) error {
 	var (
 		standby bool
 		pid     uint32
 		version int
 	)
-	err = conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), pg_backend_pid(), current_setting('server_version_num')::int`, mode...).
+	err := conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), pg_backend_pid(), current_setting('server_version_num')::int`, st.mode...).
 		Scan(&standby, &pid, &version)
 	if err != nil {
-		return res, fmt.Errorf("postgres: checking the server: %w", unavailable(err))
+		return fmt.Errorf("postgres: checking the server: %w", unavailable(err))
 	}
-	res.pooler = pid != conn.Conn().PgConn().PID()
+	st.res.pooler = pid != conn.Conn().PgConn().PID()
 	switch {
 	case standby:
-		return res, ErrStandby
-	case res.pooler && !lease:
-		return res, ErrPooler
+		return ErrStandby
+	case st.res.pooler && !st.lease:
+		return ErrPooler
 	case version < 140000:
-		return res, fmt.Errorf("%w (server is %d)", ErrServerVersion, version)
+		return fmt.Errorf("%w (server is %d)", ErrServerVersion, version)
 	}
+	return nil
+}
 
-	// Create the schema and the sequence if missing, serialized across
-	// processes by a transaction-scoped advisory lock (CREATE ... IF NOT
-	// EXISTS races with itself). Existence is checked first so that a role
-	// without CREATE privilege can use objects an administrator made.
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, args(AdvisoryKey("locker-setup", setupKeyName))...); err != nil {
+// create makes the schema, the sequence and in lease mode the table if
+// missing, serialized across processes by a transaction-scoped advisory
+// lock (CREATE ... IF NOT EXISTS races with itself). Existence is checked
+// first so that a role without CREATE privilege can use objects an
+// administrator made; such a role, role, is told the DDL to run.
+func (st *setupCall) create(ctx context.Context, conn *pgxpool.Conn, role string) error {
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, st.args(AdvisoryKey("locker-setup", setupKeyName))...); err != nil {
 			return err
 		}
 		var seqExists, tableExists bool
 		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, $2::text <> '' AND to_regclass($2) IS NOT NULL`,
-			args(seq, res.table)...).Scan(&seqExists, &tableExists); err != nil {
+			st.args(st.res.seq, st.res.table)...).Scan(&seqExists, &tableExists); err != nil {
 			return err
 		}
-		if seqExists && (!lease || tableExists) {
+		if seqExists && (!st.lease || tableExists) {
 			return nil
 		}
-		var schemaExists bool
-		if err := tx.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, args(pgx.Identifier{schema}.Sanitize())...).Scan(&schemaExists); err != nil {
+		return st.createMissing(ctx, tx, seqExists, tableExists)
+	})
+	if err == nil {
+		return nil
+	}
+	what := "sequence " + st.res.seq
+	if st.lease {
+		what += " and lease table " + st.res.table
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		return fmt.Errorf("postgres: creating %s: %w; as a role with CREATE on the database, run: %s",
+			what, err, setupDDL(st.schema, st.res.seq, st.res.table, role))
+	}
+	return fmt.Errorf("postgres: creating %s: %w", what, unavailable(err))
+}
+
+// createMissing creates, in tx, the schema if missing and the sequence and
+// table that do not exist.
+func (st *setupCall) createMissing(ctx context.Context, tx pgx.Tx, seqExists, tableExists bool) error {
+	var schemaExists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, st.args(pgx.Identifier{st.schema}.Sanitize())...).Scan(&schemaExists); err != nil {
+		return err
+	}
+	if !schemaExists {
+		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{st.schema}.Sanitize(), st.mode...); err != nil {
 			return err
 		}
-		if !schemaExists {
-			if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize(), mode...); err != nil {
-				return err
-			}
-		}
-		if !seqExists {
-			if _, err := tx.Exec(ctx, sequenceDDL(seq), mode...); err != nil {
-				return err
-			}
-		}
-		if lease && !tableExists {
-			if _, err := tx.Exec(ctx, leaseTableDDL(res.table), mode...); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		what := "sequence " + seq
-		if lease {
-			what += " and lease table " + res.table
-		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
-			return res, fmt.Errorf("postgres: creating %s: %w; as a role with CREATE on the database, run: %s",
-				what, err, setupDDL(schema, seq, res.table, pool.Config().ConnConfig.User))
-		}
-		return res, fmt.Errorf("postgres: creating %s: %w", what, unavailable(err))
 	}
+	if !seqExists {
+		if _, err := tx.Exec(ctx, sequenceDDL(st.res.seq), st.mode...); err != nil {
+			return err
+		}
+	}
+	if st.lease && !tableExists {
+		if _, err := tx.Exec(ctx, leaseTableDDL(st.res.table), st.mode...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
-	// The sequence may predate us or have been altered: check what fencing
-	// relies on.
+// checkSequence checks what fencing relies on, since the sequence may
+// predate us or have been altered: CACHE 1, a positive increment, no
+// cycle, and our USAGE privilege.
+func (st *setupCall) checkSequence(ctx context.Context, conn *pgxpool.Conn) error {
+	seq := st.res.seq
 	var cache, increment int64
 	var cycle, usable bool
-	err = conn.QueryRow(ctx, `SELECT s.seqcache, s.seqincrement, s.seqcycle, has_sequence_privilege(s.seqrelid, 'USAGE')
-		FROM pg_sequence s WHERE s.seqrelid = $1::regclass`, args(seq)...).Scan(&cache, &increment, &cycle, &usable)
+	err := conn.QueryRow(ctx, `SELECT s.seqcache, s.seqincrement, s.seqcycle, has_sequence_privilege(s.seqrelid, 'USAGE')
+		FROM pg_sequence s WHERE s.seqrelid = $1::regclass`, st.args(seq)...).Scan(&cache, &increment, &cycle, &usable)
 	if err != nil {
-		return res, fmt.Errorf("postgres: checking sequence %s: %w", seq, unavailable(err))
+		return fmt.Errorf("postgres: checking sequence %s: %w", seq, unavailable(err))
 	}
 	if cache != 1 || increment <= 0 || cycle {
-		return res, fmt.Errorf("postgres: sequence %s has CACHE %d, INCREMENT %d, CYCLE %v: fencing tokens need CACHE 1, a positive INCREMENT and NO CYCLE", seq, cache, increment, cycle)
+		return fmt.Errorf("postgres: sequence %s has CACHE %d, INCREMENT %d, CYCLE %v: fencing tokens need CACHE 1, a positive INCREMENT and NO CYCLE", seq, cache, increment, cycle)
 	}
 	if !usable {
-		return res, fmt.Errorf("postgres: no USAGE privilege on sequence %s", seq)
+		return fmt.Errorf("postgres: no USAGE privilege on sequence %s", seq)
 	}
-	if lease {
-		if err := checkLeaseTable(ctx, conn, res.table, mode); err != nil {
-			return res, err
-		}
-	}
-	ok = true
-	return res, nil
+	return nil
 }
 
 // sequenceDDL creates the token sequence. CACHE 1 is essential: with a

@@ -126,7 +126,7 @@ func TestTooManyConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	var n int
-	if err := l.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil {
+	if err := l.adv.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if n != len(held)-1 {
@@ -137,7 +137,7 @@ func TestTooManyConnections(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := l.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil || n != 0 {
+	if err := l.adv.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d advisory locks left (%v)", n, err)
 	}
 }

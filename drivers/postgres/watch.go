@@ -12,17 +12,29 @@ import (
 // crashed, restarted or failed over, or the connection was reset or closed
 // by the server or anything in between. Such a session can never refresh
 // or release the lock again, and when its end comes from the server the
-// lock is already free on the server. The watch costs no traffic: the
-// pinned socket is registered with an epoll instance (one goroutine per
-// Locker) for the peer-closed, hang-up and error conditions only, so the
-// replies to Refresh and Release wake nothing. Release and Close end the
-// watch first, so they are never reported as a loss.
+// lock is already free on the server.
+//
+// Two watches run. The pinned socket is registered with an epoll instance
+// (one goroutine per Locker) for the peer-closed, hang-up and error
+// conditions only, so the replies to Refresh and Release wake nothing: a
+// session the server ends on a connection that reaches the client is heard
+// at once, at no cost in traffic. A session probe hears the rest, such as a
+// half-open connection whose server side was reset while the client side
+// stays open and silent: while any lock of the Locker is watched, one
+// statement every 200ms, on a connection of its own made with the pool's
+// connection settings (outside the pool, closed after 30s without a
+// watched lock), looks up in pg_locks whether each
+// watched lock's session still holds it, so the end of a session is heard
+// within about a second whatever the holder's socket shows. A look-up that
+// fails, or that reaches another server address than the lock's
+// connection, reports nothing. Release and Close end the watch first, so
+// they are never reported as a loss.
 //
 // Errors: driver.ErrNotHeld if this Locker does not hold key for owner with
 // token (any more); driver.ErrClosed; an error matching
 // errors.ErrUnsupported where the socket cannot be watched (outside Linux,
 // or a connection that is not a socket).
-func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (func(), error) {
+func (l *advisoryLocker) WatchHold(key, owner string, token uint64, lost func(error)) (func(), error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -49,6 +61,10 @@ func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (f
 		}
 		h.mon = mon
 		h.listeners = map[uint64]func(error){}
+		if l.prober == nil {
+			l.prober = newSessionProber(l)
+		}
+		l.prober.wake()
 	}
 	l.listeners++
 	id := l.listeners
@@ -57,7 +73,7 @@ func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (f
 }
 
 // unwatch removes one listener; the socket watch ends with the last.
-func (l *Locker) unwatch(h *hold, id uint64) {
+func (l *advisoryLocker) unwatch(h *hold, id uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(h.listeners, id)
@@ -78,7 +94,7 @@ func (h *hold) unwatchLocked() {
 // reportGone marks h's session ended and tells its listeners, once. It
 // reports whether it did (false if h was no longer watched or already
 // reported).
-func (l *Locker) reportGone(h *hold, cause error) bool {
+func (l *advisoryLocker) reportGone(h *hold, cause error) bool {
 	l.mu.Lock()
 	if h.gone || h.listeners == nil {
 		h.gone = true
@@ -98,7 +114,7 @@ func (l *Locker) reportGone(h *hold, cause error) bool {
 
 // sessionGone is the watcher's report that h's socket closed: it tells the
 // listeners and then drops the hold and its connection.
-func (l *Locker) sessionGone(h *hold, cause error) {
+func (l *advisoryLocker) sessionGone(h *hold, cause error) {
 	if !l.reportGone(h, cause) {
 		return
 	}
