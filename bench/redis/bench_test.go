@@ -43,7 +43,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		}
 	})
 	b.Run("locker-driver", func(b *testing.B) {
-		l, err := lockredis.New(client)
+		l, err := lockredis.New(ctx, client, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -58,7 +58,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		}
 	})
 	b.Run("locker", func(b *testing.B) {
-		d, err := lockredis.New(client)
+		d, err := lockredis.New(ctx, client, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -113,7 +113,7 @@ func BenchmarkInterleaved(b *testing.B) {
 	if err := release.Load(ctx, client).Err(); err != nil {
 		b.Fatal(err)
 	}
-	drv, err := lockredis.New(client)
+	drv, err := lockredis.New(ctx, client, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

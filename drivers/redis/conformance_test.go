@@ -21,7 +21,7 @@ func urlOf(addrs ...string) string { return "redis://" + strings.Join(addrs, ","
 func openHarness(dsn string, minTTL time.Duration) conformance.Harness {
 	return conformance.Harness{
 		Open: func(ctx context.Context) (driver.Locker, error) {
-			l, err := Open(dsn)
+			l, err := Open(ctx, dsn)
 			if err != nil {
 				return nil, err
 			}
@@ -33,7 +33,7 @@ func openHarness(dsn string, minTTL time.Duration) conformance.Harness {
 
 func openT(t testing.TB, dsn string) *Locker {
 	t.Helper()
-	l, err := Open(dsn)
+	l, err := Open(context.Background(), dsn)
 	if err != nil {
 		t.Fatalf("Open(%s): %v", dsn, err)
 	}
@@ -42,7 +42,7 @@ func openT(t testing.TB, dsn string) *Locker {
 }
 
 // drv is this driver as drivertest runs it.
-var drv = drivertest.Driver{Open: func(dsn string) (driver.Locker, error) { return rediscore.Opened(Open(dsn)) }, URL: urlOf}
+var drv = drivertest.Driver{Open: func(dsn string) (driver.Locker, error) { return rediscore.Opened(Open(context.Background(), dsn)) }, URL: urlOf}
 
 // TestConformanceSingle runs the suite, fault subtests included, on one
 // server (drivertest.Driver.ConformanceSingle).
@@ -52,7 +52,7 @@ func TestConformanceSingle(t *testing.T) { drv.ConformanceSingle(t) }
 func TestConformanceAdopted(t *testing.T) {
 	drivertest.ConformanceAdopted(t, func(addr string) (driver.Locker, error) {
 		cl := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true})
-		l, err := New(cl, Options{})
+		l, err := New(context.Background(), cl, &Options{})
 		if err != nil {
 			cl.Close()
 			return nil, err
@@ -86,5 +86,5 @@ func TestConformanceTLS(t *testing.T) {
 // server; on a Redlock over 3 masters, 3 per refresh and release and 6 per
 // acquire (a vote on every node, then the token written back).
 func TestCommandsPerOperation(t *testing.T) {
-	drivertest.CommandsPerOperation(t, func(addrs ...string) (driver.Locker, error) { return Open(urlOf(addrs...)) })
+	drivertest.CommandsPerOperation(t, func(addrs ...string) (driver.Locker, error) { return Open(context.Background(), urlOf(addrs...)) })
 }

@@ -23,143 +23,105 @@ func init() {
 // blank import of this package.
 type Driver struct{}
 
-// Open implements driver.Driver; it is Open(dsn).
-func (Driver) Open(dsn string) (driver.Locker, error) { return rediscore.Opened(Open(dsn)) }
-
-// Options are the driver options shared with drivers/rueidis (the URL
-// parameters prefix, node_timeout, drift_factor, max_key_len,
-// token_retention). The zero value of every field means its default:
-// Prefix "locker", NodeTimeout 100ms, DriftFactor 0.01, MaxKeyLen 4096
-// bytes, TokenRetention 10m.
-type Options = rediscore.Options
-
-// core is the Locker both Redis drivers share; the alias keeps the
-// embedded field unexported.
-type core = rediscore.Locker
+// Open implements driver.Driver: Open(context.Background(), dsn).
+func (Driver) Open(dsn string) (driver.Locker, error) {
+	return rediscore.Opened(Open(context.Background(), dsn))
+}
 
 // Locker is a driver.Locker on Redis through go-redis: a single node, a
 // Cluster or a Sentinel-managed master (one round trip per call), or Redlock
-// over several independent masters. It is safe for concurrent use. Its
-// methods:
-//
-//   - Acquire(ctx, key, owner, ttl) (driver.Locker): one round trip (a
-//     script doing SET NX PX and minting the fencing token); Redlock runs it
-//     on every master (see the package documentation). When another owner
-//     holds key it returns a *driver.HeldError with the holder's remaining
-//     TTL. An empty or oversized key (max_key_len, default 4096 bytes), an
-//     empty owner or a non-positive ttl wrap driver.ErrInvalid; after Close,
-//     driver.ErrClosed; a done ctx, ctx.Err() wrapped.
-//   - AcquireWait(ctx, key, owner, ttl) (driver.BlockingAcquirer): waits
-//     until key is granted to owner; on a single server, Cluster or
-//     Sentinel in a queue on the server, in arrival order (see the package
-//     documentation, Fairness); with fair=false and under Redlock by
-//     barging. ctx bounds the wait; its end leaves nothing held or queued.
-//     Errors as for Acquire, but never a *driver.HeldError.
-//   - Refresh(ctx, key, owner, ttl) (driver.Locker): driver.ErrNotHeld if
-//     owner does not hold key; an expired lock is never revived.
-//   - Release(ctx, key, owner) (driver.Locker): driver.ErrNotHeld if owner
-//     does not hold key. A release publishes on the key's channel, waking
-//     waiters.
-//   - Inspect(ctx, key) (driver.Inspector): holder, token and remaining
-//     TTL; driver.ErrNotHeld if key is free.
-//   - Capabilities() (driver.Capable): MinTTL 10ms (Redlock: 3 ×
-//     node_timeout), millisecond granularity, tokens that survive a restart
-//     of the server (floored at its clock; see the package documentation).
-//   - Ping(ctx) (driver.Pinger): one round trip (Redlock: a quorum must
-//     answer).
-//   - Subscribe(ctx, key) (driver.Waiter): pub/sub on the channel the
-//     release script publishes to. From its return, wake receives a value
-//     whenever key's lock is released (and after a lost connection is
-//     re-established). All waits of this Locker share one pub/sub
-//     connection per server, and all waiters of one key one SUBSCRIBE.
-//     Under Redlock, Subscribe returns once a quorum of nodes confirmed the
-//     subscription (a release runs on a quorum, so one of them publishes),
-//     each node given node_timeout to confirm; failing that, an error
-//     naming the counts (TestRedlockSubscribe). Errors: driver.ErrInvalid
-//     for a bad key, driver.ErrClosed after Close, ctx.Err() wrapped once
-//     ctx is done.
-//   - WatchHold(key, owner, token, lost) (driver.HoldWatcher), over
-//     server-assisted client-side tracking (see the package documentation,
-//     "Watching a held lock"): lost is called when key is deleted, evicted, expires or is overwritten by
-//     another grant, never for the Locker's own refreshes and release.
-//     Supported on Lockers from Open on a single server or a Sentinel
-//     master; other Lockers (Cluster, Redlock, adopted clients) return an
-//     error and their locks are watched by renewal alone. Errors:
-//     driver.ErrClosed after Close.
-//   - Close(): ends every wait (waiters are woken once) and closes the
-//     clients if Open created them. It is idempotent; later calls of every
-//     method return driver.ErrClosed.
-//
-// Every error starts with "redis: ".
-type Locker struct{ *core }
+// over several independent masters. Besides driver.Locker it implements
+// driver.BlockingAcquirer, driver.Waiter, driver.HoldWatcher,
+// driver.Inspector, driver.Capable and driver.Pinger. It is safe for
+// concurrent use. Every error it returns starts with "redis: ".
+type Locker struct {
+	core *rediscore.Locker
+}
 
-// Locker implements driver.Locker, Waiter, Inspector, Capable, Pinger,
-// HoldWatcher and BlockingAcquirer.
-var _ rediscore.Interfaces = (*Locker)(nil)
+var (
+	_ driver.Locker           = (*Locker)(nil)
+	_ driver.BlockingAcquirer = (*Locker)(nil)
+	_ driver.Waiter           = (*Locker)(nil)
+	_ driver.HoldWatcher      = (*Locker)(nil)
+	_ driver.Inspector        = (*Locker)(nil)
+	_ driver.Capable          = (*Locker)(nil)
+	_ driver.Pinger           = (*Locker)(nil)
+)
 
 // Open parses a redis:// or rediss:// URL (see the package documentation),
 // builds the go-redis client(s) and checks them with one round trip each,
-// bounded by dial_timeout + read_timeout: the server must be reachable,
-// accept the credentials, speak Redis and — for single-node and Redlock
-// URLs — be a master (a replica is refused unless allow_replica=true).
-// It also refuses a server whose maxmemory-policy can evict lock keys
-// unless allow_eviction=true (see the package documentation, Eviction).
-// Errors: a malformed URL or an unknown parameter wraps driver.ErrInvalid;
-// a failed check names the address and the cause, and wraps
-// driver.ErrUnavailable when the servers could not be reached (refused,
-// unreachable, TLS or authentication failure, a Redlock without a quorum
-// answering). The Locker owns its clients and closes them on Close.
-func Open(dsn string) (*Locker, error) {
+// bounded by ctx and by dial_timeout + read_timeout: the server must be
+// reachable, accept the credentials, speak Redis and — for single-node and
+// Redlock URLs — be a master (a replica is refused unless
+// allow_replica=true). It also refuses a server whose maxmemory-policy can
+// evict lock keys unless allow_eviction=true (see the package
+// documentation, Eviction). ctx bounds Open only, not the Locker.
+//
+// Errors: a malformed URL or an unknown parameter wraps driver.ErrInvalid,
+// before any I/O; a done ctx, ctx.Err() wrapped; a failed check names the
+// address and the cause, and wraps driver.ErrUnavailable when the servers
+// could not be reached (refused, unreachable, TLS or authentication
+// failure, a Redlock without a quorum answering). The Locker owns its
+// clients and closes them on Close.
+func Open(ctx context.Context, dsn string) (*Locker, error) {
 	c, err := parseURL(dsn)
 	if err != nil {
 		return nil, err
 	}
-	var (
-		clients []redis.UniversalClient
-		tr      *tracker
-	)
-	if c.Mode() == "redlock" {
-		for _, a := range c.Addrs {
-			clients = append(clients, redis.NewClient(c.nodeOptions(a)))
-		}
-	} else {
-		clients = []redis.UniversalClient{c.client()}
-		switch c.Mode() {
-		case "single", "sentinel":
-			tr = newTracker(c.watchClient, c.Options.Prefix)
-		case "cluster":
-			cc := clients[0].(*redis.ClusterClient)
-			tr = newRoutedTracker(c.watchClientAt, func(ctx context.Context, lock string) (string, error) {
-				n, err := cc.MasterForKey(ctx, lock)
-				if err != nil {
-					return "", err
-				}
-				return n.Options().Addr, nil
-			}, c.Options.Prefix)
-		}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redis: open: %w", err)
 	}
+	clients, tr := c.clients()
 	l := newLocker(clients, c.Options, true, tr)
-	ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout+c.readTimeout)
+	cctx, cancel := context.WithTimeout(ctx, c.DialTimeout+c.readTimeout)
 	defer cancel()
-	if err := check(ctx, c, clients); err != nil {
+	if err := check(cctx, c, clients); err != nil {
 		_ = l.Close()
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			err = fmt.Errorf("redis: open: %w (%w)", cerr, err)
+		}
 		return nil, err
 	}
 	return l, nil
 }
 
+// clients builds the go-redis clients of the URL: one per Redlock master,
+// else the one client of the deployment, with the tracker that watches its
+// holds (nil under Redlock).
+func (c *config) clients() ([]redis.UniversalClient, *tracker) {
+	switch c.Mode() {
+	case "redlock":
+		clients := make([]redis.UniversalClient, 0, len(c.Addrs))
+		for _, a := range c.Addrs {
+			clients = append(clients, redis.NewClient(c.nodeOptions(a)))
+		}
+		return clients, nil
+	case "cluster":
+		cc := c.client().(*redis.ClusterClient)
+		return []redis.UniversalClient{cc}, newRoutedTracker(c.watchClientAt, func(ctx context.Context, lock string) (string, error) {
+			n, err := cc.MasterForKey(ctx, lock)
+			if err != nil {
+				return "", err
+			}
+			return n.Options().Addr, nil
+		}, c.Options.Prefix)
+	}
+	return []redis.UniversalClient{c.client()}, newTracker(c.watchClient, c.Options.Prefix)
+}
+
 // New returns a Locker on a client the caller already has: a *redis.Client
 // (single node), *redis.ClusterClient, or a failover (Sentinel) client. The
-// Locker does not close client. opts (at most one) sets the key prefix,
-// limits and token retention; zero fields take their defaults. New makes no
-// round trip. Errors: a nil client or invalid options wrap driver.ErrInvalid.
+// Locker does not close client. A nil opts means every default (see
+// Options). New makes no round trip, so ctx bounds nothing today; it is
+// taken for symmetry with Open. Errors: a nil client or invalid options
+// wrap driver.ErrInvalid.
 //
 // Configure the client with MaxRetries: -1 (go-redis retries a command
 // whose reply was lost, and a retried release then reports ErrNotHeld for a
 // lock it did free) and ContextTimeoutEnabled: true.
-func New(client redis.UniversalClient, opts ...Options) (*Locker, error) {
+func New(ctx context.Context, client redis.UniversalClient, opts *Options) (*Locker, error) {
 	clients := []redis.UniversalClient{client}
-	o, err := rediscore.Adopted("redis", false, clients, opts)
+	o, err := rediscore.Adopted("redis", false, clients, opts.core())
 	if err != nil {
 		return nil, err
 	}
@@ -168,10 +130,11 @@ func New(client redis.UniversalClient, opts ...Options) (*Locker, error) {
 
 // NewRedlock returns a Locker running Redlock over clients, one per
 // independent master (at least 2; use 3 or more so that a node may fail).
-// The Locker does not close the clients. Errors: fewer than 2 clients, a
-// nil client, or invalid options wrap driver.ErrInvalid.
-func NewRedlock(clients []redis.UniversalClient, opts ...Options) (*Locker, error) {
-	o, err := rediscore.Adopted("redis", true, clients, opts)
+// The Locker does not close the clients. opts is as for New; NewRedlock
+// makes no round trip. Errors: fewer than 2 clients, a nil client, or
+// invalid options wrap driver.ErrInvalid.
+func NewRedlock(ctx context.Context, clients []redis.UniversalClient, opts *Options) (*Locker, error) {
+	o, err := rediscore.Adopted("redis", true, clients, opts.core())
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +144,7 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Options) (*Locker, erro
 // newLocker builds a Locker over clients: one deployment, or the masters
 // of a Redlock. owns: Close closes the clients. tr, if not nil, watches
 // holds.
-func newLocker(clients []redis.UniversalClient, o Options, owns bool, tr *tracker) *Locker {
+func newLocker(clients []redis.UniversalClient, o rediscore.Options, owns bool, tr *tracker) *Locker {
 	conns := make([]rediscore.Conn, len(clients))
 	w := &waiter{subs: make([]*subscriber, len(clients)), quorum: 1, tracker: tr}
 	for i, c := range clients {
@@ -203,7 +166,7 @@ func newLocker(clients []redis.UniversalClient, o Options, owns bool, tr *tracke
 		cfg.Listener = w.subs[0] // the fair queue's wake-ups
 		_, cfg.Sharded = clients[0].(*redis.ClusterClient)
 	}
-	return &Locker{rediscore.NewLocker(cfg)}
+	return &Locker{core: rediscore.NewLocker(cfg)}
 }
 
 // check is Open's start-up check (see Open) of its clients.

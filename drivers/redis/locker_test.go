@@ -70,7 +70,7 @@ func TestOpenErrors(t *testing.T) {
 		"plain to TLS":    {"redis://" + tlsOnly.Addr, "needs rediss://", false},
 	} {
 		start := time.Now()
-		l, err := Open(tc.dsn)
+		l, err := Open(context.Background(), tc.dsn)
 		if err == nil {
 			l.Close()
 			t.Errorf("%s: Open succeeded", name)
@@ -88,13 +88,13 @@ func TestOpenErrors(t *testing.T) {
 		t.Logf("%s: %v", name, err)
 	}
 	// allow_replica opts out of the check.
-	l, err := Open("redis://" + replica.Addr + "?allow_replica=true")
+	l, err := Open(context.Background(), "redis://"+replica.Addr+"?allow_replica=true")
 	if err != nil {
 		t.Fatalf("allow_replica: %v", err)
 	}
 	l.Close()
 	// The right password works.
-	l, err = Open("redis://:right@" + pw.Addr)
+	l, err = Open(context.Background(), "redis://:right@"+pw.Addr)
 	if err != nil {
 		t.Fatalf("right password: %v", err)
 	}
@@ -117,22 +117,66 @@ func TestKeyTooLong(t *testing.T) {
 	}
 }
 
+// The constructors' shape: New and NewRedlock take a ctx and a *Options,
+// nil meaning every default; bad options or clients are driver.ErrInvalid
+// before any I/O; Open rejects an unknown parameter before any I/O.
 func TestNewValidates(t *testing.T) {
-	if _, err := New(nil); !errors.Is(err, driver.ErrInvalid) {
+	ctx := context.Background()
+	if _, err := New(ctx, nil, nil); !errors.Is(err, driver.ErrInvalid) {
 		t.Fatal(err)
 	}
-	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
+	// The adopted client points at a port nothing listens on: an error
+	// other than ErrInvalid would mean New tried I/O.
+	down := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:" + itoa(redistest.RefusedPort(t)), MaxRetries: -1})
+	defer down.Close()
+	for name, o := range map[string]*Options{
+		"prefix":          {Prefix: "a{"},
+		"node_timeout":    {NodeTimeout: -time.Second},
+		"drift_factor":    {DriftFactor: 0.5},
+		"max_key_len":     {MaxKeyLen: -1},
+		"token_retention": {TokenRetention: -time.Second},
+		"queue_ttl":       {QueueTTL: time.Millisecond},
+	} {
+		_, err := New(ctx, down, o)
+		if !errors.Is(err, driver.ErrInvalid) || errors.Is(err, driver.ErrUnavailable) || !strings.HasPrefix(err.Error(), "redis: "+name) {
+			t.Errorf("New with bad %s: %v", name, err)
+		}
+		if _, err := NewRedlock(ctx, []goredis.UniversalClient{down, down}, o); !errors.Is(err, driver.ErrInvalid) {
+			t.Errorf("NewRedlock with bad %s: %v", name, err)
+		}
+	}
+	if _, err := NewRedlock(ctx, []goredis.UniversalClient{down}, nil); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatal(err)
+	}
+	if _, err := Open(ctx, "redis://127.0.0.1:"+itoa(redistest.RefusedPort(t))+"?bogus=1"); !errors.Is(err, driver.ErrInvalid) ||
+		!strings.Contains(err.Error(), "unknown query parameter(s) bogus") {
+		t.Fatalf("Open with an unknown parameter: %v", err)
+	}
+
+	// nil Options: the defaults, on a working server.
+	s := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: s.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
 	defer c.Close()
-	if _, err := New(c, Options{Prefix: "a{"}); !errors.Is(err, driver.ErrInvalid) {
-		t.Fatal(err)
-	}
-	if _, err := NewRedlock([]goredis.UniversalClient{c}); !errors.Is(err, driver.ErrInvalid) {
-		t.Fatal(err)
-	}
-	l, err := New(c)
+	l, err := New(ctx, c, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := l.Acquire(ctx, "k", "o", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := s.Do("EXISTS", "locker:{k}"); v != int64(1) {
+		t.Fatalf("nil Options: the lock is not under the default prefix (EXISTS = %v)", v)
+	}
+	c2 := goredis.NewClient(&goredis.Options{Addr: redistest.Start(t).Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	defer c2.Close()
+	rl, err := NewRedlock(ctx, []goredis.UniversalClient{c, c2}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rl.Capabilities().MinTTL; got != 300*time.Millisecond {
+		t.Fatalf("NewRedlock with nil Options: MinTTL %v, want 3 × the default node timeout", got)
+	}
+	rl.Close()
 	// New does not close the adopted client.
 	l.Close()
 	if err := c.Ping(context.Background()).Err(); errors.Is(err, goredis.ErrClosed) {
@@ -224,7 +268,7 @@ func TestRedlockFailures(t *testing.T) {
 		}
 	}
 	// Open itself refuses a URL whose quorum is unreachable.
-	if _, err := Open(dsn); err == nil || !strings.Contains(err.Error(), "unreachable") {
+	if _, err := Open(context.Background(), dsn); err == nil || !strings.Contains(err.Error(), "unreachable") {
 		t.Fatalf("Open with 3 of 5 down = %v", err)
 	}
 }
@@ -327,4 +371,39 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("replica role after failover: %v", v)
 	}
 	_ = lk2.Release(ctx)
+}
+
+// Open's start-up check is bounded by ctx: a done ctx fails before any
+// I/O, and a deadline cuts short the check of servers that accept
+// connections but do not answer (stopped), long before dial_timeout +
+// read_timeout.
+func TestOpenContext(t *testing.T) {
+	s := redistest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Open(ctx, s.URL()); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Open with a cancelled ctx: %v", err)
+	}
+	if _, err := Open(ctx, s.URL()+"?bogus=1"); !errors.Is(err, driver.ErrInvalid) {
+		t.Fatalf("Open of a bad URL with a cancelled ctx: %v", err)
+	}
+	s2 := redistest.Start(t)
+	for _, x := range []*redistest.Server{s, s2} {
+		x.Stop()
+		t.Cleanup(x.Cont)
+	}
+	// One server, and a Redlock of which only one master of three answers.
+	for _, dsn := range []string{s.URL(), urlOf(s.Addr, s2.Addr, redistest.Start(t).Addr)} {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		start := time.Now()
+		l, err := Open(ctx, dsn+"?dial_timeout=20s&read_timeout=20s")
+		cancel()
+		if err == nil {
+			l.Close()
+			t.Fatalf("%s: Open succeeded on a stopped server", dsn)
+		}
+		if d := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || d > 5*time.Second {
+			t.Fatalf("%s: Open = %v after %v; want context.DeadlineExceeded soon after 300ms", dsn, err, d)
+		}
+	}
 }

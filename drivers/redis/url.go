@@ -65,12 +65,7 @@ func parseURL(dsn string) (*config, error) {
 // tlsConfig returns the TLS configuration, or nil without TLS. ServerName
 // is left empty: crypto/tls then verifies each connection against the host
 // it dials, which is right for every node of a Cluster or Sentinel set-up.
-func (c *config) tlsConfig() *tls.Config {
-	if !c.TLS {
-		return nil
-	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.InsecureTLS} //nolint:gosec // opt-in
-}
+func (c *config) tlsConfig() *tls.Config { return c.TLSConfig("") }
 
 // nodeOptions returns go-redis options for one node at addr. Retries are
 // off: a retried release could report ErrNotHeld for a lock it did free;

@@ -15,7 +15,7 @@ import (
 )
 
 // drv is this driver as drivertest runs it.
-var drv = drivertest.Driver{Open: func(dsn string) (driver.Locker, error) { return rediscore.Opened(Open(dsn)) }, URL: urlOf}
+var drv = drivertest.Driver{Open: func(dsn string) (driver.Locker, error) { return rediscore.Opened(Open(context.Background(), dsn)) }, URL: urlOf}
 
 // TestConformanceSingle runs the suite, fault subtests included, on one
 // server (drivertest.Driver.ConformanceSingle).
@@ -29,7 +29,7 @@ func TestConformanceAdopted(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		l, err := New(cl)
+		l, err := New(context.Background(), cl, nil)
 		if err != nil {
 			cl.Close()
 			return nil, err
@@ -55,7 +55,7 @@ func TestConformanceSentinel(t *testing.T) { drv.ConformanceSentinel(t) }
 // NewRedlock over adopted clients (pub/sub waits on every master).
 func TestConformanceAdoptedRedlock(t *testing.T) {
 	ms := redistest.StartN(t, 3)
-	o := Options{NodeTimeout: 250 * time.Millisecond}
+	o := &Options{NodeTimeout: 250 * time.Millisecond}
 	var minTTL time.Duration
 	h := conformance.Harness{
 		Open: func(ctx context.Context) (driver.Locker, error) {
@@ -73,7 +73,7 @@ func TestConformanceAdoptedRedlock(t *testing.T) {
 				}
 				cls = append(cls, cl)
 			}
-			l, err := NewRedlock(cls, o)
+			l, err := NewRedlock(ctx, cls, o)
 			if err != nil {
 				closeAll()
 				return nil, err
@@ -93,5 +93,5 @@ func TestConformanceAdoptedRedlock(t *testing.T) {
 
 // TestCommandsPerOperation: as the go-redis driver's (drivertest.Commands).
 func TestCommandsPerOperation(t *testing.T) {
-	drivertest.CommandsPerOperation(t, func(addrs ...string) (driver.Locker, error) { return Open(urlOf(addrs...)) })
+	drivertest.CommandsPerOperation(t, func(addrs ...string) (driver.Locker, error) { return Open(context.Background(), urlOf(addrs...)) })
 }

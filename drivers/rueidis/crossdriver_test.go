@@ -1,6 +1,7 @@
 package rueidis
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ import (
 // them, and a release through one wakes the other's waiter.
 func TestCrossDriver(t *testing.T) {
 	s := redistest.Start(t)
-	gr, err := redisdrv.Open("redis://" + s.Addr)
+	gr, err := redisdrv.Open(context.Background(), "redis://"+s.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -179,7 +179,7 @@ func TestOpenErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			l, err := Open(c.dsn)
+			l, err := Open(context.Background(), c.dsn)
 			if err == nil {
 				l.Close()
 				t.Fatalf("Open(%q) succeeded", c.dsn)
@@ -197,7 +197,7 @@ func TestOpenErrors(t *testing.T) {
 		})
 	}
 	// allow_replica=true turns the replica check off.
-	l, err := Open(urlOf(sn.Replica.Addr) + "?allow_replica=true")
+	l, err := Open(context.Background(), urlOf(sn.Replica.Addr)+"?allow_replica=true")
 	if err != nil {
 		t.Fatalf("allow_replica=true: %v", err)
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/redistest"
 )
@@ -20,7 +22,7 @@ func newOwner() string { return fmt.Sprintf("owner-%d-%d", time.Now().UnixNano()
 // openT opens a Locker on dsn and closes it at cleanup.
 func openT(t testing.TB, dsn string) *Locker {
 	t.Helper()
-	l, err := Open(dsn)
+	l, err := Open(context.Background(), dsn)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -97,3 +99,90 @@ func TestBasics(t *testing.T) {
 }
 
 func itoa(n int) string { return fmt.Sprint(n) }
+
+// New, NewRedlock and NewWithClientOption with nil Options take every
+// default, on working servers.
+func TestNewDefaults(t *testing.T) {
+	ctx := context.Background()
+	ms := redistest.StartN(t, 2)
+	var cls []rueidis.Client
+	for _, m := range ms {
+		cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{m.Addr}, ForceSingleClient: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+		cls = append(cls, cl)
+	}
+	l, err := New(ctx, cls[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.Acquire(ctx, "k", "o", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := ms[0].Do("EXISTS", "locker:{k}"); v != int64(1) {
+		t.Fatalf("nil Options: the lock is not under the default prefix (EXISTS = %v)", v)
+	}
+	rl, err := NewRedlock(ctx, cls, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	if got := rl.Capabilities().MinTTL; got != 300*time.Millisecond {
+		t.Fatalf("NewRedlock with nil Options: MinTTL %v, want 3 × the default node timeout", got)
+	}
+	cl, err := NewWithClientOption(ctx, rueidis.ClientOption{InitAddress: []string{ms[1].Addr}, ForceSingleClient: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	tok, err := cl.Acquire(ctx, "k", "o", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := cl.WatchHold("k", "o", tok, func(error) {})
+	if err != nil {
+		t.Fatalf("WatchHold on a Locker from NewWithClientOption: %v", err)
+	}
+	stop()
+}
+
+// Open and NewWithClientOption are bounded by ctx: a done ctx fails before
+// any I/O, and a deadline cuts short the connection to servers that accept
+// connections but do not answer (stopped), long before dial_timeout.
+func TestOpenContext(t *testing.T) {
+	s := redistest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Open(ctx, urlOf(s.Addr)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Open with a cancelled ctx: %v", err)
+	}
+	if _, err := Open(ctx, urlOf(s.Addr)+"?bogus=1"); !errors.Is(err, driver.ErrInvalid) ||
+		!strings.Contains(err.Error(), "unknown query parameter(s) bogus") {
+		t.Fatalf("Open of a bad URL with a cancelled ctx: %v", err)
+	}
+	if _, err := NewWithClientOption(ctx, rueidis.ClientOption{InitAddress: []string{s.Addr}}, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("NewWithClientOption with a cancelled ctx: %v", err)
+	}
+	s2 := redistest.Start(t)
+	for _, x := range []*redistest.Server{s, s2} {
+		x.Stop()
+		t.Cleanup(x.Cont)
+	}
+	// One server, and a Redlock of which only one master of three answers.
+	for _, dsn := range []string{urlOf(s.Addr), urlOf(s.Addr, s2.Addr, redistest.Start(t).Addr)} {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		start := time.Now()
+		l, err := Open(ctx, dsn+"?dial_timeout=20s")
+		cancel()
+		if err == nil {
+			l.Close()
+			t.Fatalf("%s: Open succeeded on a stopped server", dsn)
+		}
+		if d := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || d > 5*time.Second {
+			t.Fatalf("%s: Open = %v after %v; want context.DeadlineExceeded soon after 300ms", dsn, err, d)
+		}
+	}
+}

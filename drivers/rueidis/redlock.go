@@ -1,6 +1,7 @@
 package rueidis
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -55,17 +56,10 @@ func (m *master) current() rueidis.Client {
 	return m.client
 }
 
-// connect dials the master and checks its role; it is Open's first attempt.
-func (m *master) connect() error {
-	cl, err := newClient(m.opt, m.addr)
-	if err == nil {
-		if err = checkMaster(cl, m.addr, m.cfg); err == nil {
-			err = checkEviction(cl, m.addr, m.cfg)
-		}
-		if err != nil {
-			cl.Close()
-		}
-	}
+// connect dials the master and checks its role; it is Open's first
+// attempt, bounded by ctx.
+func (m *master) connect(ctx context.Context) error {
+	cl, err := m.checked(ctx)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
@@ -76,18 +70,28 @@ func (m *master) connect() error {
 	return nil
 }
 
+// checked dials the master and checks it (its role and eviction policy),
+// bounded by ctx: a client that failed the check is closed.
+func (m *master) checked(ctx context.Context) (rueidis.Client, error) {
+	cl, err := newClient(ctx, m.opt, m.addr)
+	if err != nil {
+		return nil, err
+	}
+	if err = checkMaster(ctx, cl, m.addr, m.cfg); err == nil {
+		err = checkEviction(ctx, cl, m.addr, m.cfg)
+	}
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return cl, nil
+}
+
+// dial is a background redial after Open: it is bounded by dial_timeout
+// alone.
 func (m *master) dial() {
 	defer m.wg.Done()
-	cl, err := newClient(m.opt, m.addr)
-	if err == nil {
-		if err = checkMaster(cl, m.addr, m.cfg); err == nil {
-			err = checkEviction(cl, m.addr, m.cfg)
-		}
-		if err != nil {
-			cl.Close()
-			cl = nil
-		}
-	}
+	cl, err := m.checked(context.Background())
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.dialing = false
@@ -117,13 +121,14 @@ func (m *master) close() {
 // openRedlock connects to every master in parallel and needs a quorum. A
 // rejected password, like a replica or an evicting server, fails Open:
 // retrying will not cure it.
-func openRedlock(c *config, w *cscWaiter) (*Locker, error) {
+// ctx bounds the connecting and checking.
+func openRedlock(ctx context.Context, c *config, w *cscWaiter) (*Locker, error) {
 	ms := make([]*master, len(c.Addrs))
 	for i, a := range c.Addrs {
 		ms[i] = &master{addr: a, opt: c.clientOption([]string{a}, w), cfg: c}
 	}
 	authFailed := func(err error) bool { return errors.Is(err, errAuth) }
-	if err := rediscore.CheckQuorum(Scheme, len(ms), func(i int) error { return ms[i].connect() }, authFailed); err != nil {
+	if err := rediscore.CheckQuorum(Scheme, len(ms), func(i int) error { return ms[i].connect(ctx) }, authFailed); err != nil {
 		for _, m := range ms {
 			m.close()
 		}

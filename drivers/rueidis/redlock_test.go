@@ -1,6 +1,7 @@
 package rueidis
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -107,7 +108,7 @@ func TestRedlockOpenWithMastersDown(t *testing.T) {
 	ms[2].Kill()
 	ms[3].Kill()
 	ms[4].Kill()
-	_, err = Open(urlOf(addrs...) + "?dial_timeout=1s")
+	_, err = Open(context.Background(), urlOf(addrs...)+"?dial_timeout=1s")
 	if err == nil || !strings.Contains(err.Error(), "quorum 3") {
 		t.Fatalf("Open with 3 of 5 masters down: %v, want a quorum error", err)
 	}
@@ -120,7 +121,7 @@ func TestRedlockOpenAuthFailure(t *testing.T) {
 	if _, err := ms[1].Do("CONFIG", "SET", "requirepass", "secret"); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Open(urlOf(ms[0].Addr, ms[1].Addr, ms[2].Addr))
+	_, err := Open(context.Background(), urlOf(ms[0].Addr, ms[1].Addr, ms[2].Addr))
 	if err == nil || !errors.Is(err, errAuth) {
 		t.Fatalf("Open: %v, want an authentication error", err)
 	}

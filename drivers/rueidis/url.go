@@ -44,11 +44,9 @@ func parseURL(dsn string) (*config, error) {
 	return &config{URL: *u}, nil
 }
 
-// tlsConfig returns the TLS configuration for host, or nil without tls=true.
+// tlsConfig returns the TLS configuration for the server at addr, verified
+// against its host name, or nil without tls=true.
 func (c *config) tlsConfig(addr string) *tls.Config {
-	if !c.TLS {
-		return nil
-	}
 	host, _, _ := net.SplitHostPort(addr)
-	return &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12, InsecureSkipVerify: c.InsecureTLS} //nolint:gosec // opt-in
+	return c.TLSConfig(host)
 }

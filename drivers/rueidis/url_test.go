@@ -1,7 +1,9 @@
 package rueidis
 
 import (
+	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/redistest"
 )
 
 func TestParseURL(t *testing.T) {
@@ -85,26 +88,46 @@ func TestParseURLErrors(t *testing.T) {
 			t.Errorf("parseURL(%q) error leaks the password: %v", dsn, err)
 		}
 		// Open fails the same way, before any I/O.
-		if _, oerr := Open(dsn); !errors.Is(oerr, driver.ErrInvalid) {
+		if _, oerr := Open(context.Background(), dsn); !errors.Is(oerr, driver.ErrInvalid) {
 			t.Errorf("Open(%q) = %v, want ErrInvalid", dsn, oerr)
 		}
 	}
 }
 
+// The constructors' shape: New, NewRedlock and NewWithClientOption take a
+// ctx and a *Options, nil meaning every default (TestNewDefaults); bad
+// options, clients or client options are driver.ErrInvalid before any I/O.
 func TestNewErrors(t *testing.T) {
-	if _, err := New(nil); !errors.Is(err, driver.ErrInvalid) {
+	ctx := context.Background()
+	if _, err := New(ctx, nil, nil); !errors.Is(err, driver.ErrInvalid) {
 		t.Fatalf("New(nil): %v", err)
 	}
-	if _, err := New(nil, Options{}, Options{}); !errors.Is(err, driver.ErrInvalid) {
-		t.Fatalf("New with two Options: %v", err)
-	}
-	if _, err := NewRedlock(nil); !errors.Is(err, driver.ErrInvalid) {
+	if _, err := NewRedlock(ctx, nil, nil); !errors.Is(err, driver.ErrInvalid) {
 		t.Fatalf("NewRedlock(nil): %v", err)
 	}
-	if _, err := NewWithClientOption(rueidis.ClientOption{DisableCache: true}); !errors.Is(err, driver.ErrInvalid) {
+	if _, err := NewWithClientOption(ctx, rueidis.ClientOption{DisableCache: true}, nil); !errors.Is(err, driver.ErrInvalid) {
 		t.Fatalf("NewWithClientOption(DisableCache): %v", err)
 	}
-	if _, err := New(nil, Options{Prefix: "a{"}); !errors.Is(err, driver.ErrInvalid) {
-		t.Fatalf("New with a bad prefix: %v", err)
+	// The client options name a port nothing listens on: an error other
+	// than ErrInvalid would mean NewWithClientOption tried I/O.
+	refused := rueidis.ClientOption{InitAddress: []string{"127.0.0.1:" + strconv.Itoa(redistest.RefusedPort(t))}}
+	for name, o := range map[string]*Options{
+		"prefix":          {Prefix: "a{"},
+		"node_timeout":    {NodeTimeout: -time.Second},
+		"drift_factor":    {DriftFactor: 0.5},
+		"max_key_len":     {MaxKeyLen: -1},
+		"token_retention": {TokenRetention: -time.Second},
+		"queue_ttl":       {QueueTTL: time.Millisecond},
+	} {
+		if _, err := New(ctx, nil, o); !errors.Is(err, driver.ErrInvalid) || !strings.HasPrefix(err.Error(), "rueidis: "+name) {
+			t.Errorf("New with bad %s: %v", name, err)
+		}
+		if _, err := NewRedlock(ctx, nil, o); !errors.Is(err, driver.ErrInvalid) || !strings.HasPrefix(err.Error(), "rueidis: "+name) {
+			t.Errorf("NewRedlock with bad %s: %v", name, err)
+		}
+		_, err := NewWithClientOption(ctx, refused, o)
+		if !errors.Is(err, driver.ErrInvalid) || errors.Is(err, driver.ErrUnavailable) || !strings.HasPrefix(err.Error(), "rueidis: "+name) {
+			t.Errorf("NewWithClientOption with bad %s: %v", name, err)
+		}
 	}
 }

@@ -267,7 +267,7 @@ func TestWaitAdoptedPubSub(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	b, err := New(cl)
+	b, err := New(context.Background(), cl, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ type LockerConfig struct {
 	// independent masters of a Redlock.
 	Conns []Conn
 	// Options are the options in effect; zero fields take their defaults.
-	// They are not validated here (see OneOptions and ParseURL).
+	// They are not validated here (see CheckOptions and ParseURL).
 	Options Options
 	// Waiter serves Subscribe; it must not be nil.
 	Waiter Waiter
@@ -85,8 +85,8 @@ type backend interface {
 // driver.HoldWatcher. Every error it returns starts with the driver's name.
 // It is safe for concurrent use.
 //
-// Drivers embed it, so every exported method here is part of their
-// Locker's method set.
+// Each driver's own Locker wraps one and declares the same methods,
+// delegating to it.
 type Locker struct {
 	p       prefix
 	node    *Node    // one deployment; nil under Redlock
@@ -278,32 +278,23 @@ func (l *Locker) Close() error {
 	return l.closeErr
 }
 
-// OneOptions returns the Options a driver's New or NewRedlock got (none, or
-// one), validated and with defaults applied. Errors start with name and
-// wrap driver.ErrInvalid: more than one Options, or a field out of range
+// CheckOptions returns o, the Options a driver's New, NewRedlock (or
+// rueidis's NewWithClientOption) got, validated and with defaults applied.
+// Errors start with name and wrap driver.ErrInvalid: a field out of range
 // (see Options.Validate).
-func OneOptions(name string, opts []Options) (Options, error) {
-	p := prefix(name)
-	var o Options
-	switch len(opts) {
-	case 0:
-	case 1:
-		o = opts[0]
-	default:
-		return o, p.errorf("at most one Options, got %d: %w", len(opts), driver.ErrInvalid)
-	}
-	if err := o.validate(p); err != nil {
+func CheckOptions(name string, o Options) (Options, error) {
+	if err := o.validate(prefix(name)); err != nil {
 		return o, err
 	}
 	return o.WithDefaults(), nil
 }
 
 // Adopted checks the arguments of a driver's New (one client) or, with
-// redlock, NewRedlock (at least 2 clients, one per master), and returns the
-// options as OneOptions does. Errors start with name and wrap
+// redlock, NewRedlock (at least 2 clients, one per master), and returns
+// the options as CheckOptions does. Errors start with name and wrap
 // driver.ErrInvalid: invalid options, too few clients, a nil client.
-func Adopted[C any](name string, redlock bool, clients []C, opts []Options) (Options, error) {
-	o, err := OneOptions(name, opts)
+func Adopted[C any](name string, redlock bool, clients []C, o Options) (Options, error) {
+	o, err := CheckOptions(name, o)
 	if err != nil {
 		return o, err
 	}

@@ -298,18 +298,22 @@ func TestLockerHoldWatch(t *testing.T) {
 	}
 }
 
-func TestOneOptionsAndAdopted(t *testing.T) {
-	o, err := OneOptions("rueidis", nil)
+func TestCheckOptionsAndAdopted(t *testing.T) {
+	o, err := CheckOptions("rueidis", Options{})
 	if err != nil || o != (Options{}).WithDefaults() {
-		t.Fatalf("no Options: %+v, %v", o, err)
+		t.Fatalf("zero Options: %+v, %v", o, err)
 	}
-	for name, opts := range map[string][]Options{
-		"two":    {{}, {}},
-		"braces": {{Prefix: "a{b}"}},
+	for name, o := range map[string]Options{
+		"braces":   {Prefix: "a{b}"},
+		"drift":    {DriftFactor: 0.5},
+		"negative": {NodeTimeout: -1},
 	} {
-		_, err := OneOptions("rueidis", opts)
+		_, err := CheckOptions("rueidis", o)
 		if !errors.Is(err, driver.ErrInvalid) || !strings.HasPrefix(err.Error(), "rueidis: ") || strings.Contains(err.Error(), " redis: ") {
 			t.Fatalf("%s: %v", name, err)
+		}
+		if _, err := Adopted("rueidis", false, []any{1}, o); !errors.Is(err, driver.ErrInvalid) {
+			t.Fatalf("%s: Adopted: %v", name, err)
 		}
 	}
 	var c any = 1
@@ -322,12 +326,12 @@ func TestOneOptionsAndAdopted(t *testing.T) {
 		"one master":   {true, []any{c}, "redis: Redlock needs at least 2 clients, got 1"},
 		"a nil master": {true, []any{c, nil}, "redis: client 1 is nil"},
 	} {
-		_, err := Adopted("redis", tc.redlock, tc.clients, nil)
+		_, err := Adopted("redis", tc.redlock, tc.clients, Options{})
 		if !errors.Is(err, driver.ErrInvalid) || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Fatalf("%s: %v, want %q", name, err, tc.want)
 		}
 	}
-	if _, err := Adopted("redis", true, []any{c, c}, nil); err != nil {
+	if _, err := Adopted("redis", true, []any{c, c}, Options{}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,7 +1,6 @@
 package rediscore
 
 import (
-	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
@@ -121,78 +120,39 @@ func (o Options) validate(name prefix) error {
 // driver.ErrInvalid. The result has defaults applied.
 func ParseOptions(q url.Values) (Options, error) {
 	var o Options
-	get := func(name string) (string, bool, error) {
-		vs, ok := q[name]
-		if !ok {
-			return "", false, nil
+	r := &Query{Driver: "redis", Values: q}
+	fair := true
+	for _, f := range []func() error{
+		func() error { return r.String("prefix", &o.Prefix) },
+		func() error { return r.duration("node_timeout", &o.NodeTimeout, "100ms") },
+		func() error { return r.duration("token_retention", &o.TokenRetention, "100ms") },
+		func() error { return r.duration("queue_ttl", &o.QueueTTL, "100ms") },
+		func() error { return r.Bool("fair", &fair) },
+		func() error { return r.driftFactor(&o.DriftFactor) },
+		func() error { return r.PositiveInt("max_key_len", &o.MaxKeyLen) },
+	} {
+		if err := f(); err != nil {
+			return o, err
 		}
-		delete(q, name)
-		if len(vs) != 1 {
-			return "", false, fmt.Errorf("redis: query parameter %q given %d times: %w", name, len(vs), driver.ErrInvalid)
-		}
-		return vs[0], true, nil
 	}
-	dur := func(name string, dst *time.Duration) error {
-		s, ok, err := get(name)
-		if err != nil || !ok {
-			return err
-		}
-		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 {
-			return fmt.Errorf("redis: %s=%q: want a positive Go duration such as 100ms: %w", name, s, driver.ErrInvalid)
-		}
-		*dst = d
-		return nil
-	}
-	s, ok, err := get("prefix")
-	if err != nil {
-		return o, err
-	}
-	if ok {
-		if s == "" {
-			return o, fmt.Errorf("redis: prefix must not be empty: %w", driver.ErrInvalid)
-		}
-		o.Prefix = s
-	}
-	if err := dur("node_timeout", &o.NodeTimeout); err != nil {
-		return o, err
-	}
-	if err := dur("token_retention", &o.TokenRetention); err != nil {
-		return o, err
-	}
-	if err := dur("queue_ttl", &o.QueueTTL); err != nil {
-		return o, err
-	}
-	if s, ok, err = get("fair"); err != nil {
-		return o, err
-	} else if ok {
-		f, err := strconv.ParseBool(s)
-		if err != nil {
-			return o, fmt.Errorf("redis: fair=%q: want true or false: %w", s, driver.ErrInvalid)
-		}
-		o.Barging = !f
-	}
-	if s, ok, err = get("drift_factor"); err != nil {
-		return o, err
-	} else if ok {
-		f, err := strconv.ParseFloat(s, 64)
-		if err != nil || f <= 0 || f >= 0.5 {
-			return o, fmt.Errorf("redis: drift_factor=%q: want a number in (0, 0.5): %w", s, driver.ErrInvalid)
-		}
-		o.DriftFactor = f
-	}
-	if s, ok, err = get("max_key_len"); err != nil {
-		return o, err
-	} else if ok {
-		n, err := strconv.Atoi(s)
-		if err != nil || n <= 0 {
-			return o, fmt.Errorf("redis: max_key_len=%q: want a positive integer: %w", s, driver.ErrInvalid)
-		}
-		o.MaxKeyLen = n
-	}
+	o.Barging = !fair
 	o = o.WithDefaults()
 	if err := o.Validate(); err != nil {
 		return o, err
 	}
 	return o, nil
+}
+
+// driftFactor sets *dst to drift_factor, if given: a number in (0, 0.5).
+func (q *Query) driftFactor(dst *float64) error {
+	s, ok, err := q.Get("drift_factor")
+	if err != nil || !ok {
+		return err
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f <= 0 || f >= 0.5 {
+		return Invalid(q.Driver, "drift_factor=%q: want a number in (0, 0.5)", s)
+	}
+	*dst = f
+	return nil
 }

@@ -1,6 +1,7 @@
 package rediscore
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -91,7 +92,31 @@ func Invalid(drv, format string, args ...any) error {
 // parameters are errors; every error wraps driver.ErrInvalid, starts with
 // spec.Driver and never contains the password.
 func ParseURL(raw string, spec URLSpec) (*URL, error) {
-	invalid := func(format string, args ...any) error { return Invalid(spec.Driver, format, args...) }
+	u, rawQuery, err := parseAddress(raw, spec)
+	if err != nil {
+		return nil, err
+	}
+	v, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return nil, Invalid(spec.Driver, "malformed query (%v)", err)
+	}
+	fairAsked := len(v["fair"]) == 1 && !isBarging(v["fair"][0])
+	if err := u.parseQuery(v, spec); err != nil {
+		return nil, err
+	}
+	if err := u.checkCombination(spec, fairAsked); err != nil {
+		return nil, err
+	}
+	if u.Mode() == "redlock" {
+		u.Options.Barging = true
+	}
+	return u, nil
+}
+
+// parseAddress parses everything in raw but the query: the scheme, the
+// credentials, the host list and the database number. It returns the raw
+// query with them.
+func parseAddress(raw string, spec URLSpec) (*URL, string, error) {
 	// The host list is split by hand: url.Parse accepts only one host, so
 	// "h1,h2:7001" or a list with IPv6 literals would not parse.
 	hostList, rest := splitHosts(raw)
@@ -101,62 +126,83 @@ func ParseURL(raw string, spec URLSpec) (*URL, error) {
 		if errors.As(err, &uerr) {
 			err = uerr.Err // the URL itself may hold a password
 		}
-		return nil, invalid("malformed URL (%v)", err)
+		return nil, "", Invalid(spec.Driver, "malformed URL (%v)", err)
 	}
 	if !slices.Contains(spec.Schemes, pu.Scheme) {
-		return nil, invalid("URL scheme %q: want %s", pu.Scheme, spec.WantSchemes)
+		return nil, "", Invalid(spec.Driver, "URL scheme %q: want %s", pu.Scheme, spec.WantSchemes)
 	}
 	if pu.Opaque != "" {
-		return nil, invalid("malformed URL: want %s://host:port", pu.Scheme)
+		return nil, "", Invalid(spec.Driver, "malformed URL: want %s://host:port", pu.Scheme)
 	}
 	u := &URL{Scheme: pu.Scheme, DialTimeout: spec.DialTimeout}
 	if pu.User != nil {
 		u.Username = pu.User.Username()
 		u.Password, _ = pu.User.Password()
 	}
-	if hostList == "" {
-		u.Addrs = []string{"127.0.0.1:6379"}
-	} else {
-		for _, h := range strings.Split(hostList, ",") {
-			if h == "" {
-				return nil, invalid("empty host in host list %q", hostList)
-			}
-			if _, _, err := net.SplitHostPort(h); err != nil {
-				h = net.JoinHostPort(strings.Trim(h, "[]"), "6379")
-			}
-			host, port, err := net.SplitHostPort(h)
-			if err != nil || host == "" || strings.ContainsAny(host, "[]/@") {
-				return nil, invalid("malformed host %q", h)
-			}
-			if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
-				return nil, invalid("malformed port in host %q", h)
-			}
-			if slices.Contains(u.Addrs, h) {
-				return nil, invalid("host %q listed twice", h)
-			}
-			u.Addrs = append(u.Addrs, h)
-		}
+	if u.Addrs, err = parseHosts(spec.Driver, hostList); err != nil {
+		return nil, "", err
 	}
-	if p := strings.Trim(pu.Path, "/"); p != "" {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 0 {
-			return nil, invalid("path %q: want a database number such as /0", pu.Path)
-		}
-		u.DB = n
+	if u.DB, err = parseDB(spec.Driver, pu.Path); err != nil {
+		return nil, "", err
 	}
+	return u, pu.RawQuery, nil
+}
 
-	v, err := url.ParseQuery(pu.RawQuery)
-	if err != nil {
-		return nil, invalid("malformed query (%v)", err)
+// parseHosts parses a comma-separated host list, each host with an
+// optional port (default 6379); an empty list is 127.0.0.1:6379. Errors
+// start with drv and wrap driver.ErrInvalid.
+func parseHosts(drv, hostList string) ([]string, error) {
+	if hostList == "" {
+		return []string{"127.0.0.1:6379"}, nil
 	}
-	fairAsked := len(v["fair"]) == 1 && !u.isBarging(v["fair"][0])
+	var addrs []string
+	for _, h := range strings.Split(hostList, ",") {
+		if h == "" {
+			return nil, Invalid(drv, "empty host in host list %q", hostList)
+		}
+		if _, _, err := net.SplitHostPort(h); err != nil {
+			h = net.JoinHostPort(strings.Trim(h, "[]"), "6379")
+		}
+		host, port, err := net.SplitHostPort(h)
+		if err != nil || host == "" || strings.ContainsAny(host, "[]/@") {
+			return nil, Invalid(drv, "malformed host %q", h)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+			return nil, Invalid(drv, "malformed port in host %q", h)
+		}
+		if slices.Contains(addrs, h) {
+			return nil, Invalid(drv, "host %q listed twice", h)
+		}
+		addrs = append(addrs, h)
+	}
+	return addrs, nil
+}
+
+// parseDB parses the URL path: empty or "/" for database 0, else "/n".
+func parseDB(drv, path string) (int, error) {
+	p := strings.Trim(path, "/")
+	if p == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 0 {
+		return 0, Invalid(drv, "path %q: want a database number such as /0", path)
+	}
+	return n, nil
+}
+
+// parseQuery reads the query parameters of v into u, in order: the shared
+// options (ParseOptions), the shared URL parameters, the TLS switch and
+// the driver's own (spec), and then rejects whatever is left as unknown.
+func (u *URL) parseQuery(v url.Values, spec URLSpec) error {
+	var err error
 	if u.Options, err = ParseOptions(v); err != nil {
 		// ParseOptions's errors start with "redis:"; name any other driver
 		// in front.
 		if !strings.HasPrefix(err.Error(), spec.Driver+": ") {
 			err = fmt.Errorf("%s: %w", spec.Driver, err)
 		}
-		return nil, err
+		return err
 	}
 	q := &Query{Driver: spec.Driver, Values: v}
 	for _, f := range []func() error{
@@ -183,40 +229,47 @@ func ParseURL(raw string, spec URLSpec) (*URL, error) {
 		},
 	} {
 		if err := f(); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if len(v) > 0 {
-		names := make([]string, 0, len(v))
-		for k := range v {
-			names = append(names, k)
-		}
-		slices.Sort(names)
-		return nil, invalid("unknown query parameter(s) %s", strings.Join(names, ", "))
-	}
+	return q.Unknown()
+}
+
+// checkCombination rejects parameters that contradict each other or the
+// deployment. fairAsked: the URL said fair=true.
+func (u *URL) checkCombination(spec URLSpec, fairAsked bool) error {
+	invalid := func(format string, args ...any) error { return Invalid(spec.Driver, format, args...) }
 	switch {
 	case u.Cluster && u.SentinelMaster != "":
-		return nil, invalid("cluster=true and sentinel_master are mutually exclusive")
+		return invalid("cluster=true and sentinel_master are mutually exclusive")
 	case (u.SentinelUsername != "" || u.SentinelPassword != "") && u.SentinelMaster == "":
-		return nil, invalid("sentinel_username/sentinel_password need sentinel_master")
+		return invalid("sentinel_username/sentinel_password need sentinel_master")
 	case u.Cluster && u.DB != 0:
-		return nil, invalid("a Redis Cluster has only database 0, not %d", u.DB)
+		return invalid("a Redis Cluster has only database 0, not %d", u.DB)
 	case u.AllowReplica && (u.Cluster || u.SentinelMaster != ""):
-		return nil, invalid("allow_replica applies to single-node and Redlock URLs only")
+		return invalid("allow_replica applies to single-node and Redlock URLs only")
 	case u.InsecureTLS && !u.TLS:
-		return nil, invalid("insecure_skip_verify needs %s", spec.TLSHint)
+		return invalid("insecure_skip_verify needs %s", spec.TLSHint)
 	case fairAsked && u.Mode() == "redlock":
-		return nil, invalid("fair=true: Redlock does not queue waiters (see the package documentation, Fairness); drop the parameter")
+		return invalid("fair=true: Redlock does not queue waiters (see the package documentation, Fairness); drop the parameter")
 	}
-	if u.Mode() == "redlock" {
-		u.Options.Barging = true
+	return nil
+}
+
+// TLSConfig returns the TLS configuration of the URL's connections, or nil
+// without TLS: TLS 1.2 at least, the server certificate verified unless
+// insecure_skip_verify=true. serverName is the name verified; empty
+// verifies each connection against the host it dials.
+func (u *URL) TLSConfig(serverName string) *tls.Config {
+	if !u.TLS {
+		return nil
 	}
-	return u, nil
+	return &tls.Config{ServerName: serverName, MinVersion: tls.VersionTLS12, InsecureSkipVerify: u.InsecureTLS} //nolint:gosec // opt-in
 }
 
 // isBarging reports whether a fair= value turns the queue off (a malformed
 // value is rejected by ParseOptions).
-func (u *URL) isBarging(v string) bool {
+func isBarging(v string) bool {
 	f, err := strconv.ParseBool(v)
 	return err != nil || !f
 }
@@ -297,13 +350,18 @@ func (q *Query) String(name string, dst *string) error {
 // Duration sets *dst to the parameter name, if given: a positive Go
 // duration.
 func (q *Query) Duration(name string, dst *time.Duration) error {
+	return q.duration(name, dst, "5s")
+}
+
+// duration is Duration with example, a duration shown in the error.
+func (q *Query) duration(name string, dst *time.Duration, example string) error {
 	s, ok, err := q.Get(name)
 	if err != nil || !ok {
 		return err
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d <= 0 {
-		return Invalid(q.Driver, "%s=%q: want a positive Go duration such as 5s", name, s)
+		return Invalid(q.Driver, "%s=%q: want a positive Go duration such as %s", name, s, example)
 	}
 	*dst = d
 	return nil
@@ -322,4 +380,18 @@ func (q *Query) PositiveInt(name string, dst *int) error {
 	}
 	*dst = n
 	return nil
+}
+
+// Unknown returns an error naming, sorted, every parameter left in Values
+// (none read it), or nil if none is left.
+func (q *Query) Unknown() error {
+	if len(q.Values) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(q.Values))
+	for k := range q.Values {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	return Invalid(q.Driver, "unknown query parameter(s) %s", strings.Join(names, ", "))
 }

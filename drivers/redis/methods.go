@@ -1,0 +1,98 @@
+package redis
+
+import (
+	"context"
+	"time"
+
+	"github.com/go-locker/locker/driver"
+)
+
+// Acquire implements driver.Locker: one atomic attempt to take key for
+// owner for ttl, returning the fencing token. It is one round trip (a
+// script doing SET NX PX and minting the token); Redlock runs it on every
+// master (see the package documentation). An acquire by the owner that
+// holds key resets the ttl and returns the same token. When another owner
+// holds key it returns a *driver.HeldError (matching driver.ErrNotAcquired)
+// with the holder's remaining TTL. An empty or oversized key
+// (Options.MaxKeyLen, URL max_key_len), an empty owner or a non-positive
+// ttl wrap driver.ErrInvalid; after Close, driver.ErrClosed; a done ctx,
+// ctx.Err() wrapped.
+func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	return l.core.Acquire(ctx, key, owner, ttl)
+}
+
+// AcquireWait implements driver.BlockingAcquirer: it waits until key is
+// granted to owner and returns the fencing token. On a single server,
+// Cluster or Sentinel master the waiters queue on the server and are
+// granted in arrival order, a release waking only the next (see the
+// package documentation, Fairness); with Options.Barging (URL fair=false)
+// and under Redlock every waiter is woken and the first to retry wins. A
+// free key costs one round trip, as Acquire. ctx bounds the wait; its end
+// returns an error wrapping ctx.Err() and leaves nothing held or queued.
+// Errors as for Acquire, but never a *driver.HeldError.
+func (l *Locker) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	return l.core.AcquireWait(ctx, key, owner, ttl)
+}
+
+// Refresh implements driver.Locker: it resets the ttl of the lock owner
+// holds on key, in one round trip (Redlock: on a quorum of masters). It
+// returns driver.ErrNotHeld if owner does not hold key; an expired lock is
+// never revived. Bad arguments, Close and ctx: as for Acquire.
+func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	return l.core.Refresh(ctx, key, owner, ttl)
+}
+
+// Release implements driver.Locker: it frees the lock owner holds on key,
+// in one round trip, and publishes on the key's channel, waking waiters.
+// It returns driver.ErrNotHeld, changing nothing, if owner does not hold
+// key. Bad arguments, Close and ctx: as for Acquire.
+func (l *Locker) Release(ctx context.Context, key, owner string) error {
+	return l.core.Release(ctx, key, owner)
+}
+
+// Inspect implements driver.Inspector: the holder, token and remaining TTL
+// of key's lock, in one round trip; driver.ErrNotHeld if key is free.
+func (l *Locker) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	return l.core.Inspect(ctx, key)
+}
+
+// Capabilities implements driver.Capable: MinTTL 10ms (Redlock: 3 ×
+// Options.NodeTimeout), millisecond granularity, and tokens that survive a
+// restart of the server (floored at its clock; see the package
+// documentation).
+func (l *Locker) Capabilities() driver.Capabilities { return l.core.Capabilities() }
+
+// Ping implements driver.Pinger: one round trip (Redlock: a quorum of
+// masters must answer, each within Options.NodeTimeout).
+func (l *Locker) Ping(ctx context.Context) error { return l.core.Ping(ctx) }
+
+// Subscribe implements driver.Waiter, over pub/sub on the channel the
+// release script publishes to. From its return, wake receives a value
+// whenever key's lock is released, and after a lost connection is
+// re-established. All waits of this Locker share one pub/sub connection
+// per server, and all waiters of one key one SUBSCRIBE; cancel ends the
+// wait. Under Redlock, Subscribe returns once a quorum of masters
+// confirmed the subscription, each given Options.NodeTimeout; failing
+// that, an error naming the counts. Errors: driver.ErrInvalid for a bad
+// key, driver.ErrClosed after Close, ctx.Err() wrapped once ctx is done.
+func (l *Locker) Subscribe(ctx context.Context, key string) (wake <-chan struct{}, cancel func(), err error) {
+	return l.core.Subscribe(ctx, key)
+}
+
+// WatchHold implements driver.HoldWatcher, over server-assisted
+// client-side tracking (see the package documentation, "Watching a held
+// lock"): lost is called when key is deleted, evicted, expires or is
+// overwritten by another grant, never for this Locker's own refreshes and
+// release. stop ends the watch. It is supported on Lockers from Open on a
+// single server, a Cluster or a Sentinel master; other Lockers (Redlock,
+// adopted clients) return an error, and their locks are watched by
+// renewal alone. Errors: driver.ErrClosed after Close.
+func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (stop func(), err error) {
+	return l.core.WatchHold(key, owner, token, lost)
+}
+
+// Close ends every wait (waiters are woken once) and every hold watch, and
+// closes the clients if Open created them (not those given to New or
+// NewRedlock). Locks still held are left to expire. It is idempotent;
+// later calls of every other method return driver.ErrClosed.
+func (l *Locker) Close() error { return l.core.Close() }
