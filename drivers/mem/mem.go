@@ -85,6 +85,7 @@ type Store struct {
 	locks   map[string]*entry
 	counter uint64
 	subs    map[string]map[chan struct{}]struct{}
+	shared  map[sharedID]*sharedLock // semaphores and RW locks (shared.go)
 }
 
 type entry struct {
@@ -100,8 +101,8 @@ func NewStore() *Store {
 }
 
 // Locker returns a new client of the store; each behaves like a separate
-// process. It implements driver.Locker, driver.Waiter, driver.Inspector and
-// driver.Capable.
+// process. It implements driver.Locker, driver.Waiter, driver.Inspector,
+// driver.Capable and driver.SharedLocker.
 func (s *Store) Locker() driver.Locker { return &conn{s: s} }
 
 // live returns key's entry if it has not expired. s.mu is held.
