@@ -283,13 +283,13 @@ func (s *suite) sharedIdempotent(t *testing.T) {
 	r := newOwner()
 	s.sgrant(t, a, key, req(driver.SharedRead, r, ttl, 0))
 	s.sgrant(t, a, key, req(driver.SharedRead, newOwner(), ttl, 0))
-	within(t, quick, "an upgrade attempt", func() {
-		_, err := b.AcquireShared(s.callCtx(t), key, waiting(req(driver.SharedWrite, r, ttl, 0)))
-		wantErr(t, "a waiting write by a reader", err, driver.ErrInvalid)
-	})
+	uctx, cancel := context.WithTimeout(s.callCtx(t), quick)
+	defer cancel()
+	_, err := b.AcquireShared(uctx, key, waiting(req(driver.SharedWrite, r, ttl, 0)))
+	wantErr(t, "a waiting write by a reader (an upgrade; it must fail at once, not wait)", err, driver.ErrInvalid)
 	w := newOwner()
 	s.sgrant(t, a, key+"/w", req(driver.SharedWrite, w, ttl, 0))
-	_, err := b.AcquireShared(s.callCtx(t), key+"/w", req(driver.SharedRead, w, ttl, 0))
+	_, err = b.AcquireShared(s.callCtx(t), key+"/w", req(driver.SharedRead, w, ttl, 0))
 	wantErr(t, "a read by the writer", err, driver.ErrInvalid)
 	if err := a.RefreshShared(s.callCtx(t), key, driver.SharedRead, r, ttl); err != nil {
 		t.Fatalf("the reader lost its hold to its upgrade attempt: %v", err)
@@ -410,10 +410,11 @@ func (s *suite) sharedContext(t *testing.T) {
 	w := newOwner()
 	ctx, cancel := context.WithTimeout(s.callCtx(t), s.unit)
 	defer cancel()
+	var err error
 	within(t, quick+s.unit, "a waiting write whose ctx ends", func() {
-		_, err := b.AcquireShared(ctx, key, waiting(req(driver.SharedWrite, w, ttl, 0)))
-		wantErr(t, "a waiting write whose ctx ended", err, context.DeadlineExceeded)
+		_, err = b.AcquireShared(ctx, key, waiting(req(driver.SharedWrite, w, ttl, 0)))
 	})
+	wantErr(t, "a waiting write whose ctx ended", err, context.DeadlineExceeded)
 	s.sgrant(t, a, key, req(driver.SharedRead, newOwner(), ttl, 0)) // not behind the abandoned writer
 	for _, h := range s.holders(t, a, key, driver.SharedRead) {
 		if h.Owner == w {
@@ -422,6 +423,6 @@ func (s *suite) sharedContext(t *testing.T) {
 	}
 	done, stop := context.WithCancel(context.Background())
 	stop()
-	_, err := b.AcquireShared(done, newKey(t), req(driver.SharedRead, newOwner(), ttl, 0))
+	_, err = b.AcquireShared(done, newKey(t), req(driver.SharedRead, newOwner(), ttl, 0))
 	wantErr(t, "AcquireShared with a done ctx", err, context.Canceled)
 }
