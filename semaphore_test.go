@@ -378,3 +378,38 @@ func TestSemaphoreDoAndCancel(t *testing.T) {
 		t.Fatalf("after a cancelled waiter: %v", err)
 	}
 }
+
+// Close ends a waiting Acquire with ErrClosed and leaves nothing queued.
+func TestSemaphoreCloseWhileWaiting(t *testing.T) {
+	s := mem.NewStore()
+	ls := lockers(t, s, 2)
+	ctx := ctxT(t, 10*time.Second)
+	held, err := ls[0].RWMutex("k").AcquireWrite(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := ls[1].RWMutex("k").AcquireRead(ctx)
+		errc <- err
+	}()
+	// Whether Close comes before the read reaches the driver or while it
+	// waits there, the read must end with ErrClosed.
+	if err := ls[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, locker.ErrClosed) {
+			t.Fatalf("waiting AcquireRead after Close: got %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiting AcquireRead did not return after Close")
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if hs, err := ls[0].RWMutex("k").Inspect(ctx); err != nil || len(hs) != 0 {
+		t.Fatalf("after the writer's release: %+v, %v; want nothing (the closed waiter left no hold)", hs, err)
+	}
+}

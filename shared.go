@@ -86,16 +86,17 @@ func (l *Locker) acquireShared(ctx context.Context, key string, mode driver.Shar
 // cut short by Close. A grant that came late in a long wait is refreshed
 // first, so that the safe deadline counts from a call whose start is known.
 func (l *Locker) grantShared(ctx context.Context, sh driver.SharedLocker, key string, req driver.SharedRequest, o options) (*Lock, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go func() {
-		select {
-		case <-l.closing:
-			cancel(ErrClosed)
-		case <-ctx.Done():
-		}
-	}()
 	if req.Wait {
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		go func() {
+			select {
+			case <-l.closing:
+				cancel(ErrClosed)
+			case <-ctx.Done():
+			}
+		}()
 		l.tel.waitEvent(ctx, "server")
 	}
 	for {
