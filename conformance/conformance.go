@@ -39,7 +39,7 @@ func Run(t *testing.T, h Harness) {
 	s := &suite{h: h, unit: max(h.MinTTL, 100*time.Millisecond), sem: make(chan struct{}, concurrency), top: t.Name()}
 	s.probe(t)
 	t.Run("Driver", func(t *testing.T) { s.runAll(t, append(s.driverSubtests(), s.sharedSubtests()...)) })
-	t.Run("Locker", func(t *testing.T) { s.runAll(t, s.lockerSubtests()) })
+	t.Run("Locker", func(t *testing.T) { s.runAll(t, append(s.lockerSubtests(), s.sharedLockerSubtests()...)) })
 	if faults := s.faultSubtests(); len(faults) > 0 {
 		// One at a time: a fault may touch the whole server.
 		t.Run("Faults", func(t *testing.T) {

@@ -307,6 +307,10 @@
 //   - [S12] Package locker: Semaphore and RWMutex on a driver without SharedLocker "fail before any I/O with
 //     an error matching errors.ErrUnsupported" → not checked: binds package locker, not a driver (root test
 //     TestSemaphoreBadInput).
+//   - [S13] Semaphore and RWMutex through package locker under contention (32 Lockers, a semaphore of 4 and
+//     a read-write lock): never more than 4 permit holders, never a writer beside anyone, tokens above those
+//     of the holds released before each request → Locker/SharedContention; mutants: shared-limit-plus-one,
+//     shared-write-as-read.
 //
 // Package locker's promises on top of the driver, checked through locker.New (a broken root is caught
 // by the root's own tests; these rows show that the driver cannot make the root break them):

@@ -22,6 +22,8 @@ const sharedVariant = "shared"
 var sharedMutants = []mutant{
 	{"shared-limit-plus-one", "Driver/SharedLimit", sharedVariant},
 	{"shared-write-as-read", "Driver/SharedLimit", sharedVariant},
+	{"shared-limit-plus-one", "Locker/SharedContention", sharedVariant},
+	{"shared-write-as-read", "Locker/SharedContention", sharedVariant},
 	{"shared-never-expires", "Driver/SharedLeases", sharedVariant},
 	{"shared-release-frees-all", "Driver/SharedLeases", sharedVariant},
 	{"shared-release-any-owner", "Driver/SharedOwnership", sharedVariant},

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/driver"
 )
 
@@ -425,4 +426,83 @@ func (s *suite) sharedContext(t *testing.T) {
 	stop()
 	_, err = b.AcquireShared(done, newKey(t), req(driver.SharedRead, newOwner(), ttl, 0))
 	wantErr(t, "AcquireShared with a done ctx", err, context.Canceled)
+}
+
+// sharedLockerSubtests check package locker's Semaphore and RWMutex on the
+// driver; they run only on a driver that implements driver.SharedLocker.
+func (s *suite) sharedLockerSubtests() []subtest {
+	return []subtest{{"SharedContention", s.lockerSharedContention, "SharedLocker"}}
+}
+
+// SharedContention: 32 Lockers take permits of a semaphore of 4 and holds
+// of a read-write lock, many rounds each: never more than 4 permit holders,
+// never a writer beside anyone, and every token above those of the holds
+// released before it was asked for.
+func (s *suite) lockerSharedContention(t *testing.T) {
+	const lockers, rounds, n = 32, 6, 4
+	semKey, rwKey := newKey(t), newKey(t)
+	ttl := max(s.unit, time.Second)
+	var permits, readers, writers atomic.Int32
+	var mu sync.Mutex
+	var released uint64 // the highest token of a released hold, per kind's key
+	var releasedRW uint64
+	check := func(what string, floor, tok uint64) {
+		if tok <= floor {
+			t.Errorf("%s: token %d not above %d, released before the request", what, tok, floor)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range lockers {
+		l := s.locker(t)
+		wg.Go(func() {
+			sem, rw := l.Semaphore(semKey, n), l.RWMutex(rwKey)
+			for r := range rounds {
+				mu.Lock()
+				floor, floorRW := released, releasedRW
+				mu.Unlock()
+				lk, err := sem.Acquire(s.callCtx(t), locker.WithTTL(ttl))
+				if err != nil {
+					t.Errorf("locker %d round %d: Semaphore.Acquire: %v", i, r, err)
+					return
+				}
+				check("a permit", floor, lk.Token())
+				if c := permits.Add(1); c > n {
+					t.Errorf("locker %d round %d: %d permit holders of a semaphore of %d", i, r, c, n)
+				}
+				time.Sleep(2 * time.Millisecond) // the critical section
+				permits.Add(-1)
+				mu.Lock()
+				released = max(released, lk.Token())
+				mu.Unlock()
+				if err := lk.Release(s.callCtx(t)); err != nil {
+					t.Errorf("locker %d round %d: Release: %v", i, r, err)
+				}
+
+				write := (i+r)%4 == 0
+				acquire, mine, others := rw.AcquireRead, &readers, &writers
+				if write {
+					acquire, mine, others = rw.AcquireWrite, &writers, &readers
+				}
+				lk, err = acquire(s.callCtx(t), locker.WithTTL(ttl))
+				if err != nil {
+					t.Errorf("locker %d round %d: RWMutex: %v", i, r, err)
+					return
+				}
+				check("an RW hold", floorRW, lk.Token())
+				c := mine.Add(1)
+				if others.Load() != 0 && (write || writers.Load() != 0) || write && c != 1 {
+					t.Errorf("locker %d round %d: a writer beside another holder", i, r)
+				}
+				time.Sleep(2 * time.Millisecond)
+				mine.Add(-1)
+				mu.Lock()
+				releasedRW = max(releasedRW, lk.Token())
+				mu.Unlock()
+				if err := lk.Release(s.callCtx(t)); err != nil {
+					t.Errorf("locker %d round %d: Release: %v", i, r, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
