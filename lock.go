@@ -49,6 +49,7 @@ type Lock struct {
 	start     time.Time // when the granting call was sent: WithMaxHold and locker.hold.duration count from it
 	minUntil  time.Time // WithMinHold: the key stays taken until then; zero without
 	attrs     *attrSets // nil without telemetry
+	hold      holdOps   // Refresh and Release on the server: the driver's, or a shared hold's (shared.go)
 
 	io     chan struct{} // serialises refreshes, so the last success is the last applied
 	stop   chan struct{} // closed when the lock stops being held
@@ -81,6 +82,10 @@ func newLock(l *Locker, key string, o options, token uint64, start time.Time) *L
 		ttl:      o.ttl,
 		deadline: l.safeDeadline(start, o.ttl),
 		lost:     make(chan struct{}),
+		hold:     o.hold,
+	}
+	if lk.hold == nil {
+		lk.hold = l.drv
 	}
 	if o.minHold > 0 {
 		// Counted from now, after the grant, so the key is taken for at
@@ -257,13 +262,13 @@ func (lk *Lock) free(ctx context.Context) error {
 			// At least 1ms: every backend keeps whole milliseconds.
 			ttl := lk.l.caps.RoundTTL(max(left, time.Millisecond))
 			ctx, end := lk.l.tel.child(ctx, "locker.driver.refresh")
-			err := lk.l.drv.Refresh(ctx, lk.key, lk.owner, ttl)
+			err := lk.hold.Refresh(ctx, lk.key, lk.owner, ttl)
 			end(err)
 			return err
 		}
 	}
 	ctx, end := lk.l.tel.child(ctx, "locker.driver.release")
-	err := lk.l.drv.Release(ctx, lk.key, lk.owner)
+	err := lk.hold.Release(ctx, lk.key, lk.owner)
 	end(err)
 	return err
 }
@@ -352,7 +357,7 @@ func (lk *Lock) lose(e *lostError, releaseOnServer bool) bool {
 // that a lock the server ends early (a session that dies, a key deleted or
 // overwritten) closes Lost at once. Called without lk.mu or Locker.mu held.
 func (lk *Lock) watch(w driver.HoldWatcher) {
-	if w == nil {
+	if _, shared := lk.hold.(*sharedOps); w == nil || shared {
 		return
 	}
 	stop, err := w.WatchHold(lk.key, lk.owner, lk.token, func(err error) {
@@ -436,7 +441,7 @@ func (lk *Lock) refresh(ctx context.Context, ttl time.Duration, auto bool) error
 		defer cancel()
 	}
 	dctx, end := lk.l.tel.child(ctx, "locker.driver.refresh")
-	err := lk.l.drv.Refresh(dctx, lk.key, lk.owner, ttl)
+	err := lk.hold.Refresh(dctx, lk.key, lk.owner, ttl)
 	end(err)
 	t := lk.l.tel
 	if errors.Is(err, ErrNotHeld) {

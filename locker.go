@@ -223,6 +223,9 @@ type Info struct {
 	Token uint64
 	// Remaining is the TTL the lock has left, as the server sees it.
 	Remaining time.Duration
+	// Kind is the kind of hold: "mutex" from Locker.Inspect, "semaphore"
+	// from Semaphore.Inspect, "read" or "write" from RWMutex.Inspect.
+	Kind string
 }
 
 // Inspect reports who holds key, without changing anything. It returns
@@ -242,7 +245,7 @@ func (l *Locker) Inspect(ctx context.Context, key string) (Info, error) {
 	if err != nil {
 		return Info{}, wrap(ctx, "inspect", key, err)
 	}
-	return Info(in), nil
+	return Info{Owner: in.Owner, Token: in.Token, Remaining: in.Remaining, Kind: "mutex"}, nil
 }
 
 // Ping checks that the backend is reachable, where the driver can tell

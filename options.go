@@ -19,6 +19,7 @@ type options struct {
 	maxHold   time.Duration
 	minHold   time.Duration
 	attrs     *attrSets // the telemetry attributes of the key; nil without telemetry
+	hold      holdOps   // set by shared.go for a shared hold; nil for a mutex
 }
 
 // WithTTL sets how long the lock lives on the server without a renewal.

@@ -38,8 +38,8 @@ func Run(t *testing.T, h Harness) {
 	}
 	s := &suite{h: h, unit: max(h.MinTTL, 100*time.Millisecond), sem: make(chan struct{}, concurrency), top: t.Name()}
 	s.probe(t)
-	t.Run("Driver", func(t *testing.T) { s.runAll(t, s.driverSubtests()) })
-	t.Run("Locker", func(t *testing.T) { s.runAll(t, s.lockerSubtests()) })
+	t.Run("Driver", func(t *testing.T) { s.runAll(t, append(s.driverSubtests(), s.sharedSubtests()...)) })
+	t.Run("Locker", func(t *testing.T) { s.runAll(t, append(s.lockerSubtests(), s.sharedLockerSubtests()...)) })
 	if faults := s.faultSubtests(); len(faults) > 0 {
 		// One at a time: a fault may touch the whole server.
 		t.Run("Faults", func(t *testing.T) {
@@ -80,8 +80,9 @@ func (s *suite) probe(t *testing.T) {
 	_, inspector := d.(driver.Inspector)
 	_, watcher := d.(driver.HoldWatcher)
 	_, pinger := d.(driver.Pinger)
+	_, shared := d.(driver.SharedLocker)
 	s.has = map[string]bool{"Waiter": waiter, "BlockingAcquirer": blocking, "Inspector": inspector,
-		"HoldWatcher": watcher, "Pinger": pinger}
+		"HoldWatcher": watcher, "Pinger": pinger, "SharedLocker": shared}
 	if c, ok := d.(driver.Capable); ok {
 		s.caps = c.Capabilities()
 	}
@@ -96,7 +97,7 @@ func (s *suite) probe(t *testing.T) {
 		_ = d.Release(ctx, key, o)
 	}
 	var missing []string
-	for _, name := range []string{"Waiter", "BlockingAcquirer", "Inspector", "HoldWatcher", "Pinger"} {
+	for _, name := range []string{"Waiter", "BlockingAcquirer", "Inspector", "HoldWatcher", "Pinger", "SharedLocker"} {
 		if !s.has[name] {
 			missing = append(missing, "driver."+name)
 		}

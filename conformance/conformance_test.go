@@ -134,6 +134,10 @@ var mutants = []mutant{
 // flaw, in both variants, must pass the whole suite: the suite has no false
 // positives on a correct driver.
 func TestSuiteCatchesBrokenDrivers(t *testing.T) {
+	if flaw := os.Getenv(flawEnv); flaw != "" && os.Getenv(variantEnv) == sharedVariant {
+		runShared(t, flaw)
+		return
+	}
 	if flaw := os.Getenv(flawEnv); flaw != "" {
 		st := newFlawStore(flaw)
 		blockingVariant := os.Getenv(variantEnv) != waiter
@@ -152,7 +156,7 @@ func TestSuiteCatchesBrokenDrivers(t *testing.T) {
 		})
 		return
 	}
-	cases := append([]mutant{{"none", "", blocking}, {"none", "", waiter}}, mutants...)
+	cases := append([]mutant{{"none", "", blocking}, {"none", "", waiter}, {"none", "", sharedVariant}}, mutants...)
 	// Child processes run side by side, a few at a time: each mostly waits
 	// for TTLs, and the correct driver's runs must stay free of timing
 	// noise.

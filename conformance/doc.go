@@ -274,6 +274,44 @@
 //   - [Pi1] "Ping makes one round trip to the server; it returns nil when the server answered." →
 //     Driver/Pinger; mutant: ping-fails. That it is one round trip is not visible.
 //
+// SharedLocker (semaphores and read-write locks; run only on a driver that implements it):
+//
+//   - [S1] "never more than Limit holders of a semaphore …, and never a writer together with any other
+//     holder of its read-write lock. The check and the grant are one atomic step on the server." →
+//     Driver/SharedLimit; mutants: shared-limit-plus-one, shared-write-as-read.
+//   - [S2] "Every hold is a lease of its own: … expires on its own, not before its TTL … the other holders
+//     keep theirs." → Driver/SharedLeases; mutants: shared-never-expires, shared-release-frees-all.
+//   - [S3] "is refreshed and released by its owner only"; RefreshShared and ReleaseShared return ErrNotHeld
+//     "and changes nothing" for another owner or mode → Driver/SharedOwnership; mutant:
+//     shared-release-any-owner.
+//   - [S4] "every grant carries a token strictly greater than every earlier grant's for that key (a permit,
+//     a read or a write): across release, expiry" → Driver/SharedTokens; mutant: shared-tokens-per-locker.
+//   - [S5] "once a SharedWrite request waits, SharedRead requests that arrive after it are not granted
+//     before it …; the writer is granted once the holds in force when it arrived have been released" →
+//     Driver/SharedWriterPreference; mutant: shared-writer-polls.
+//   - [S6] "a request by an owner that holds the same lock in the same mode succeeds … and returns the same
+//     token. There are no upgrades or downgrades: … fails with ErrInvalid at once" →
+//     Driver/SharedIdempotent; mutants: shared-not-idempotent, shared-upgrade-waits.
+//   - [S7] "a SharedPermit Limit outside 1..MaxSharedLimit, is ErrInvalid", an invalid mode, an empty key,
+//     a non-positive ttl, nothing held afterwards → Driver/SharedBadInput; mutant: shared-limit-unchecked.
+//   - [S8] SharedRequest.Limit: "the grant is made only while fewer than Limit owners hold the key. It is
+//     per request" → Driver/SharedPerCallLimit; mutant: shared-limit-max-seen.
+//   - [S9] SharedMode: "A mutex (Locker), a semaphore (SharedPermit) and a read-write lock (SharedRead,
+//     SharedWrite) on the same key string are three different locks" → Driver/SharedNamespaces; mutant:
+//     shared-namespace-mutex.
+//   - [S10] "a release or an expiry grants, or wakes, the waiters that can now be granted" → Driver/SharedWakeups;
+//     mutant: shared-wait-polls. FIFO order among waiters is not observable from outside without timing
+//     assumptions; drivers/mem TestSharedFIFO checks the reference implementation's.
+//   - [S11] SharedRequest.Wait: "A request that ends with ctx leaves nothing held and nothing queued" →
+//     Driver/SharedContext; mutant: shared-cancel-stays-queued.
+//   - [S12] Package locker: Semaphore and RWMutex on a driver without SharedLocker "fail before any I/O with
+//     an error matching errors.ErrUnsupported" → not checked: binds package locker, not a driver (root test
+//     TestSemaphoreBadInput).
+//   - [S13] Semaphore and RWMutex through package locker under contention (32 Lockers, a semaphore of 4 and
+//     a read-write lock): never more than 4 permit holders, never a writer beside anyone, tokens above those
+//     of the holds released before each request → Locker/SharedContention; mutants: shared-limit-plus-one,
+//     shared-write-as-read.
+//
 // Package locker's promises on top of the driver, checked through locker.New (a broken root is caught
 // by the root's own tests; these rows show that the driver cannot make the root break them):
 //

@@ -10,7 +10,8 @@
 // database/sql does: Waiter and BlockingAcquirer make waits event-driven,
 // HoldWatcher reports a lock the server ended early, Inspector reports the
 // current holder, Capable describes TTL limits, the deadline margin and token
-// durability, and Pinger checks connectivity.
+// durability, Pinger checks connectivity, and SharedLocker offers semaphores
+// and read-write locks (shared holds, each with its own lease and token).
 //
 // Errors: a Locker returns ErrNotAcquired, ErrNotHeld, ErrClosed, ErrInvalid
 // and ErrUnavailable (possibly wrapped) for the conditions they name; every

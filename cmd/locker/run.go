@@ -88,6 +88,7 @@ type runOpts struct {
 	grace   graceFlag
 	maxHold time.Duration
 	minHold time.Duration
+	limit   limitFlag // --limit: a semaphore permit (limit.go)
 	key     string
 	command []string
 
@@ -105,6 +106,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&o.grace, "grace", "with --on-lost=term, how long before the lock's safe deadline SIGTERM goes out when renewals fail (`D` < TTL/2)")
 	fs.DurationVar(&o.maxHold, "max-hold", 0, "stop the job and release the lock `D` after the grant however long the command runs (0: no bound); with --on-lost=term SIGTERM goes --grace (at most D/2) before, SIGKILL at D")
 	fs.DurationVar(&o.minHold, "min-hold", 0, "keep the key taken until `D` after the grant even if the command ends sooner (0: release at once); for cron fleets whose clocks differ")
+	fs.Var(&o.limit, "limit", limitUsage)
 	if code, ok := o.parse(fs, args, stdout); !ok {
 		return code
 	}
@@ -253,20 +255,16 @@ func (o *runOpts) acquire(ctx context.Context) (*locker.Lock, *locker.Locker, in
 		return nil, nil, failCode(err)
 	}
 	opts := []locker.Option{locker.WithTTL(o.ttl), locker.WithMaxHold(o.maxHold), locker.WithMinHold(o.minHold)}
-	lk, err := l.TryAcquire(ctx, o.key, opts...)
+	lk, err := o.tryAcquire(ctx, l, opts)
 	if errors.Is(err, locker.ErrNotAcquired) && o.wait.d != 0 {
-		if in, ierr := l.Inspect(ctx, o.key); ierr == nil {
-			o.logf("waiting for %q (held with token %d, expires in %v)", o.key, in.Token, in.Remaining.Round(time.Millisecond))
-		} else {
-			o.logf("waiting for %q", o.key)
-		}
+		o.logWaiting(ctx, l)
 		wctx := ctx
 		if o.wait.d > 0 {
 			var cancel context.CancelFunc
 			wctx, cancel = context.WithTimeout(ctx, o.wait.d)
 			defer cancel()
 		}
-		lk, err = l.Acquire(wctx, o.key, opts...)
+		lk, err = o.acquireWait(wctx, l, opts)
 		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
 			// The wait ran out: held, unless the backend cannot be reached
 			// now (retries while waiting are not always in the error).

@@ -31,6 +31,10 @@ type statusJSON struct {
 	Holder      string  `json:"holder,omitempty"`
 	Token       *uint64 `json:"token,omitempty"`
 	RemainingMS *int64  `json:"remaining_ms,omitempty"`
+	// Limit is --limit, and Holders the holders of its permits, in token
+	// order; both only with --limit (limit.go).
+	Limit   *int         `json:"limit,omitempty"`
+	Holders []holderJSON `json:"holders,omitempty"`
 	// Error is the error, when there was one.
 	Error string `json:"error,omitempty"`
 
@@ -40,7 +44,9 @@ type statusJSON struct {
 func cmdStatus(args []string, stdout, stderr io.Writer) int {
 	var c common
 	var format string
+	var limit limitFlag
 	fs := newFlags("status", stderr, &c)
+	fs.Var(&limit, "limit", "list the holders of the semaphore KEY of `N` permits instead of the lock KEY")
 	fs.StringVar(&format, "o", "text", "output `format`: text, or json (one object: key, reachable, held, holder, token, remaining_ms, error)")
 	fs.Usage = func() {}
 	fs.SetOutput(io.Discard)
@@ -79,7 +85,12 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	res := statusJSON{Key: key}
-	code := c.status(key, &res)
+	var code int
+	if limit.set {
+		code = c.statusLimit(key, limit.n, &res)
+	} else {
+		code = c.status(key, &res)
+	}
 	if format == "json" {
 		b, err := json.Marshal(res)
 		if err != nil { // a struct of strings and numbers always marshals
@@ -90,6 +101,8 @@ func cmdStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	switch {
 	case res.Held == nil:
+	case limit.set:
+		printHolders(stdout, &res)
 	case *res.Held:
 		fmt.Fprintf(stdout, "key      %s\nholder   %s\ntoken    %d\nexpires  in %v\n",
 			key, res.Holder, *res.Token, res.remaining.Round(time.Millisecond))

@@ -121,6 +121,7 @@ type Store struct {
 	locks   map[string]*entry
 	counter uint64
 	subs    map[string]map[chan struct{}]struct{}
+	shared  map[sharedID]*sharedLock // semaphores and RW locks (shared.go)
 }
 
 type entry struct {
@@ -136,7 +137,9 @@ func NewStore() *Store {
 }
 
 // Locker returns a new client of the store, a *Locker; each behaves like a
-// separate process. It is New(ctx, s, nil) without the error.
+// separate process. It is New(ctx, s, nil) without the error. It implements
+// driver.Locker, driver.Waiter, driver.Inspector, driver.Capable and
+// driver.SharedLocker.
 func (s *Store) Locker() driver.Locker { return &Locker{s: s} }
 
 // live returns key's entry if it has not expired. s.mu is held.
