@@ -64,18 +64,19 @@ func docFiles(t *testing.T) []string {
 
 // testFuncs is every top-level func declared in a _test.go file of the
 // repository (the main module and bench/'s), by name, and every string
-// literal in those files (the subtests' names).
+// literal in its Go files (the subtests' names, some of which are run by
+// helpers outside _test.go files).
 func testFuncs(t *testing.T) (funcs map[string]bool, literals []string) {
 	t.Helper()
 	funcs = map[string]bool{}
 	fset := token.NewFileSet()
-	for _, path := range repoFiles(t, func(p string) bool { return strings.HasSuffix(p, "_test.go") }) {
+	for _, path := range repoFiles(t, func(p string) bool { return strings.HasSuffix(p, ".go") }) {
 		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, d := range f.Decls {
-			if fd, ok := d.(*ast.FuncDecl); ok && fd.Recv == nil {
+			if fd, ok := d.(*ast.FuncDecl); ok && fd.Recv == nil && strings.HasSuffix(path, "_test.go") {
 				funcs[fd.Name.Name] = true
 			}
 		}
@@ -92,9 +93,9 @@ func testFuncs(t *testing.T) (funcs map[string]bool, literals []string) {
 }
 
 // citation matches a cited test, benchmark, fuzz target or example, with an
-// optional subtest path (TestFair/head-takes-over) or a trailing * that
-// stands for any suffix (TestSessionFault*).
-var citation = regexp.MustCompile(`\b((?:Test|Benchmark|Fuzz|Example)[A-Z_][A-Za-z0-9_]*)(\*?)((?:/[A-Za-z0-9_.<>-]+)*)`)
+// optional subtest path (TestFair/head-takes-over), or followed by a * or
+// a ( that makes it a prefix (TestSessionFault*, -run 'TestHold(A|B)$').
+var citation = regexp.MustCompile(`\b((?:Test|Benchmark|Fuzz|Example)[A-Z_][A-Za-z0-9_]*)([*(]?)((?:/[A-Za-z0-9_.<>*-]+)*)`)
 
 // TestDocCitations fails when README.md, a docs/*.md file or a doc.go cites
 // a test, benchmark, fuzz target or example that does not exist, or a
@@ -119,7 +120,7 @@ func TestDocCitations(t *testing.T) {
 					continue
 				}
 				for _, part := range strings.Split(strings.Trim(sub, "/"), "/") {
-					if part != "" && !strings.ContainsAny(part, "<>") && !subtestNamed(literals, part) {
+					if part != "" && !strings.ContainsAny(part, "<>*") && !subtestNamed(literals, part) {
 						t.Errorf("%s:%d: subtest %q of %s appears in no test file", path, i+1, part, name)
 					}
 				}
@@ -141,12 +142,13 @@ func funcExists(funcs map[string]bool, name string, prefix bool) bool {
 	return false
 }
 
-// subtestNamed reports whether some string literal of a test file is the
-// subtest name part, or begins or ends with it (names built as "x/" + y).
+// subtestNamed reports whether some string literal of a Go file is the
+// subtest name part, or a path that contains it ("x/" + y), or the stem of a
+// generated name (part "barging-32" or "fair-", literal "barging").
 func subtestNamed(literals []string, part string) bool {
 	for _, s := range literals {
 		if s == part || strings.HasSuffix(s, "/"+part) || strings.HasPrefix(s, part+"/") ||
-			strings.Contains(s, "/"+part+"/") {
+			strings.Contains(s, "/"+part+"/") || (len(s) >= 3 && strings.HasPrefix(part, s+"-")) {
 			return true
 		}
 	}
