@@ -15,8 +15,8 @@
 // "Driver/…") and through locker.New (subtests "Locker/…", for the promises
 // package locker makes on top of the driver). The trace below lists each
 // sentence, the subtest that fails when a driver breaks only that sentence,
-// and the deliberately broken drivers (mutants) that
-// TestSuiteCatchesBrokenDrivers runs to prove it: each mutant is one correct
+// and the deliberately broken drivers (mutants) that the suite's own tests
+// run to prove it: each mutant is one correct
 // driver with one fault switched on, and must fail at that subtest, while
 // the correct driver passes the whole suite.
 //
