@@ -392,3 +392,23 @@ func TestNoExportedAliasOfInternal(t *testing.T) {
 		}
 	}
 }
+
+// TestDriverExampleInSync fails when docs/writing-a-driver.md's example
+// driver and its test differ from docs/tablelock, where they compile and
+// run the conformance suite.
+func TestDriverExampleInSync(t *testing.T) {
+	page, err := os.ReadFile(filepath.Join("docs", "writing-a-driver.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"driver.go", "driver_test.go"} {
+		src, err := os.ReadFile(filepath.Join("docs", "tablelock", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		block := "```go\n" + strings.TrimRight(string(src), "\n") + "\n```\n"
+		if !strings.Contains(string(page), block) {
+			t.Errorf("docs/writing-a-driver.md does not show docs/tablelock/%s as it is", name)
+		}
+	}
+}
