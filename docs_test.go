@@ -412,3 +412,72 @@ func TestDriverExampleInSync(t *testing.T) {
 		}
 	}
 }
+
+// mdLink matches a markdown link's target.
+var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// TestDocLinks fails on a relative link in README.md or docs/ to a file that
+// does not exist, or to a heading that the file does not have (GitHub's
+// anchors: lower case, punctuation dropped, spaces as hyphens).
+func TestDocLinks(t *testing.T) {
+	pages := repoFiles(t, func(p string) bool {
+		return p == "README.md" || (strings.HasPrefix(p, "docs"+string(filepath.Separator)) && strings.HasSuffix(p, ".md"))
+	})
+	for _, page := range pages {
+		data, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(data), "\n") {
+			for _, m := range mdLink.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				file, anchor, _ := strings.Cut(target, "#")
+				path := page
+				if file != "" {
+					path = filepath.Join(filepath.Dir(page), file)
+				}
+				st, err := os.Stat(path)
+				if err != nil {
+					t.Errorf("%s:%d: link %s: %v", page, i+1, target, err)
+					continue
+				}
+				if anchor != "" && !st.IsDir() && !slices.Contains(anchors(t, path), anchor) {
+					t.Errorf("%s:%d: link %s: no heading #%s in %s", page, i+1, target, anchor, path)
+				}
+			}
+		}
+	}
+}
+
+// anchors returns the GitHub anchors of a markdown file's headings.
+func anchors(t *testing.T, path string) []string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	inCode := false
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "```") {
+			inCode = !inCode
+		}
+		if inCode || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		title := strings.ToLower(strings.TrimSpace(strings.TrimLeft(line, "#")))
+		var b strings.Builder
+		for _, r := range title {
+			switch {
+			case r == ' ':
+				b.WriteByte('-')
+			case r == '-' || r == '_' || ('a' <= r && r <= 'z') || ('0' <= r && r <= '9') || r > 127:
+				b.WriteRune(r)
+			}
+		}
+		out = append(out, b.String())
+	}
+	return out
+}
