@@ -358,5 +358,5 @@
 // takeover_p50=… takeover_p99=… ops=… stale_rejected=…": margin is the time
 // from a holder's loss to the next grant (negative: an overlap), takeover the
 // time from a fault aimed at a holder to the next grant to anyone. scripts/faults
-// gathers these lines into the README's failure-mode matrix.
+// gathers these lines into the failure-mode matrix of docs/failure-modes.md.
 package conformance
