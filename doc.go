@@ -79,9 +79,9 @@
 // locker.lost, locker.held) and spans (one per Acquire, TryAcquire and
 // Release), under the scope ScopeName, to the global providers unless
 // WithMeterProvider or WithTracerProvider says otherwise. Until the program
-// installs an SDK it starts no span and reads no clock for them: on an
-// uncontended Acquire + Release of the mem driver it costs within 5% of the
-// same path with every call skipped (BenchmarkTelemetryOverhead). WithLogger
+// installs an SDK it starts no span and reads no clock for them, so the
+// default costs a few atomic loads per call (docs/benchmarks.md measures
+// it). WithLogger
 // logs failed renewals and losses; WithKeyName reports keys by a name of
 // low cardinality, since keys themselves are never attributes.
 //

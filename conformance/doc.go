@@ -15,8 +15,8 @@
 // "Driver/…") and through locker.New (subtests "Locker/…", for the promises
 // package locker makes on top of the driver). The trace below lists each
 // sentence, the subtest that fails when a driver breaks only that sentence,
-// and the deliberately broken drivers (mutants) that
-// TestSuiteCatchesBrokenDrivers runs to prove it: each mutant is one correct
+// and the deliberately broken drivers (mutants) that the suite's own tests
+// run to prove it: each mutant is one correct
 // driver with one fault switched on, and must fail at that subtest, while
 // the correct driver passes the whole suite.
 //
@@ -396,5 +396,5 @@
 // takeover_p50=… takeover_p99=… ops=… stale_rejected=…": margin is the time
 // from a holder's loss to the next grant (negative: an overlap), takeover the
 // time from a fault aimed at a holder to the next grant to anyone. scripts/faults
-// gathers these lines into the README's failure-mode matrix.
+// gathers these lines into the failure-mode matrix of docs/failure-modes.md.
 package conformance

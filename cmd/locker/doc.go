@@ -82,7 +82,7 @@
 // tokens are for; nor can it if locker is killed (SIGKILL), after which the
 // lock expires after its TTL. If a renewal succeeds after SIGTERM was sent, the lock
 // stays held until the job ends and is then released, and the exit code is
-// still 123 (TestRunRenewalRecoversAfterTerm).
+// still 123.
 //
 // # Max and min hold
 //

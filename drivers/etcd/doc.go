@@ -6,8 +6,16 @@
 //
 //	l, err := locker.OpenURL("etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/myapp")
 //
-// New adopts a *clientv3.Client the program already has (Close then leaves
-// that client open).
+// As every driver of this module (see docs/writing-a-driver.md), the
+// package has two constructors: Open builds the client from a URL, and New
+// adopts a *clientv3.Client the program already has (Close then leaves that
+// client open), with the settings of the URL's path and parameters that do
+// not concern the connection in an Options (nil means the defaults: prefix
+// "/locker", request_timeout 10s, min_ttl 2s):
+//
+//	d, err := etcd.Open(ctx, "etcd://10.0.0.1:2379/myapp")
+//	d, err := etcd.New(ctx, client, &etcd.Options{Prefix: "/myapp"})
+//	l := locker.New(d)
 //
 // # URL
 //
@@ -60,7 +68,7 @@
 // is thus one transaction to acquire (plus that keepalive, in parallel) and
 // one to release, like a raw put and delete; a refresh is one read and one
 // keepalive, and renewals travel on one long-lived keepalive stream per
-// Locker (TestRequestsPerOperation counts them on the server).
+// Locker.
 //
 // Release deletes the key in a transaction that compares its value with the
 // owner and, when this Locker granted the lock, its create revision with the
@@ -84,29 +92,24 @@
 // revoked by an operator or expired on the server) or overwritten by
 // another owner; the owner's own Refresh and idempotent Acquire keep the
 // key's value and create revision, and a delete by this Locker's Release
-// ends the watch silently: none raises an alarm (TestHoldNoFalseAlarm,
-// TestWatchHoldInputAndStop). A Release by the same owner through another
+// ends the watch silently: none raises an alarm. A Release by the same owner through another
 // Locker (a WithOwner handover) is a loss for this one.
 // Lost() closes within 50ms of the change for a lock held 200ms or more,
 // and within 150ms right after the grant, when etcd's loop that catches up
-// watches starting in the past (every 100ms) may deliver the first events
-// (TestHoldKeyDeleted, TestHoldKeyDeletedAtOnce, TestHoldLeaseRevoked,
-// TestHoldKeyOverwritten). A waiter can be granted the key before the
+// watches starting in the past (every 100ms) may deliver the first events.
+// A waiter can be granted the key before the
 // holder's Lost() closes (both follow the same delete by a few
 // milliseconds): fencing tokens are the remedy. All of a Locker's watches
-// share one gRPC watch stream (TestHoldWatchesShareOneStream). A watch the
+// share one gRPC watch stream. A watch the
 // server cancels (compaction, a member without a leader) is replaced after
-// a read of the key, which reports the loss if the grant is gone
-// (TestHoldWatchCompacted); while the cluster cannot be read, nothing is
+// a read of the key, which reports the loss if the grant is gone; while the cluster cannot be read, nothing is
 // reported and renewal with its safe deadline ends the lock in time.
 //
 // Errors: a cluster that cannot serve a request is driver.ErrUnavailable:
-// connections refused (TestUnavailableServerStopped) or unanswered
-// (TestUnavailablePartitioned: every call fails within request_timeout),
-// no quorum (TestUnavailableNoQuorum: two of three members stopped), a
-// failed TLS handshake (TestUnavailableTLSHandshake), refused or missing
-// credentials (TestUnavailableAuth: Open fails with a wrong password, every
-// call without one). A key held by someone else is driver.ErrNotAcquired,
+// connections refused or unanswered (every call fails within
+// request_timeout), no quorum, a failed TLS handshake, refused or missing
+// credentials (Open fails with a wrong password, every call without one).
+// A key held by someone else is driver.ErrNotAcquired,
 // never ErrUnavailable. When the caller's context ends first, the error
 // wraps ctx.Err() instead.
 //
@@ -125,7 +128,7 @@
 //
 //   - An expired lease's key is deleted by the leader's lease checker, which
 //     runs every 500ms, so a crashed holder's lock is freed after its TTL and
-//     within 0.6s of it (TestExpiryLatency); a leader change extends every lease by the
+//     within 0.6s of it; a leader change extends every lease by the
 //     election timeout plus the TTL (etcd renews them on promotion), so a
 //     crashed holder's lock can outlive its TTL during an election. Neither
 //     ever shortens a lock.

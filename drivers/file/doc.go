@@ -9,6 +9,15 @@
 //	l, err := locker.OpenURL("file://")              // the default directory
 //	l, err := locker.OpenURL("file:///var/lock/app") // a directory of your own
 //
+// As every driver of this module (see docs/writing-a-driver.md), the
+// package has two constructors: Open takes a URL, and New takes the
+// directory itself, with an Options (nil means the defaults: the perm
+// parameter, 0600):
+//
+//	d, err := file.Open(ctx, "file:///var/lock/app")
+//	d, err := file.New(ctx, "/var/lock/app", nil)
+//	l := locker.New(d)
+//
 // # URL
 //
 //	file://[localhost]/ABSOLUTE/DIR[?perm=0600]
@@ -47,8 +56,7 @@
 // Expiry is on CLOCK_MONOTONIC, with the boot id
 // (/proc/sys/kernel/random/boot_id) in the record: wall-clock steps, in
 // either direction, neither end a lease early nor lengthen it, and a record
-// written during an earlier boot has expired (TestWallClockStepForwardKeepsLease,
-// TestRecordFromAnotherBootExpired). CLOCK_MONOTONIC rather than
+// written during an earlier boot has expired. CLOCK_MONOTONIC rather than
 // CLOCK_BOOTTIME because it is the clock Go's timers, and so the holders'
 // safe deadlines, run on: neither counts the time the host spends suspended.
 //
@@ -59,8 +67,7 @@
 // when the clock steps back; when the counter file is lost (the key's record
 // keeps its last token, released or expired); and when the whole directory
 // is lost (a tmpfs emptied at reboot), since the clock has moved past every
-// earlier token, unless the clock also stepped back across that loss
-// (TestWallClockStepBackNeverRepeatsToken, TestTokenSurvivesCounterLoss).
+// earlier token, unless the clock also stepped back across that loss.
 // They look like timestamps.
 //
 // Waiting needs no polling: Subscribe (driver.Waiter) watches the directory
@@ -72,10 +79,8 @@
 // The same inotify watch serves WatchHold (driver.HoldWatcher): when a held
 // key's lock file is removed, or rewritten with another owner or another
 // grant, by a process that broke or took the lease, the holder's Lost closes
-// at once (within 100ms, asserted by TestHoldWatcherClosesLost; measured
-// under a millisecond). Every
-// alarm is confirmed by re-reading the record under its flock, and the
-// holder's own refreshes and release raise none (TestHoldWatcherRelease).
+// at once. Every alarm is confirmed by re-reading the record under its
+// flock, and the holder's own refreshes and release raise none.
 // Without inotify, grants are not watched and renewal finds the loss.
 //
 // # Limits

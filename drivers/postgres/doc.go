@@ -12,9 +12,14 @@
 //	l, err := locker.OpenURL("postgres://app@db:5432/app?sslmode=verify-full&schema=locks")
 //	l, err := locker.OpenURL("postgres://app@pgbouncer:6432/app?mode=lease")
 //
-// New and NewLease adopt a *pgxpool.Pool the program already has:
+// As every driver of this module (see docs/writing-a-driver.md), the
+// package has two constructors: Open builds everything from a URL, and New
+// adopts a *pgxpool.Pool the program already has, with the same settings as
+// an Options (nil means the defaults: advisory mode, schema "public",
+// namespace "locker"):
 //
-//	d, err := postgres.New(ctx, pool, postgres.WithSchema("locks"))
+//	d, err := postgres.Open(ctx, "postgres://app@db:5432/app?mode=lease")
+//	d, err := postgres.New(ctx, pool, &postgres.Options{Mode: "lease", Schema: "locks"})
 //	l := locker.New(d)
 //
 // PostgreSQL 14 or later is required (idle_session_timeout).
@@ -25,45 +30,31 @@
 // before its TTL runs out and its holder can go on renewing it):
 //
 //	                                advisory                 lease
-//	holder's backend terminated     no: freed at once,       yes (TestLeaseBackendTerminated)
+//	holder's backend terminated     no: freed at once,       yes
 //	                                Lost() within ms
-//	                                (TestSessionFault*)
-//	server crash or restart         no: freed, Lost()        yes (TestLeaseSurvivesCrash)
+//	server crash or restart         no: freed, Lost()        yes
 //	                                within ms
 //	network partition               until the TTL            until the TTL: a lease does not
-//	                                (TestPartitionKeeps…)    depend on a connection
-//	                                                         (TestLeaseBackendTerminated)
+//	                                                         depend on a connection
 //	holder paused past its TTL      freed at the TTL         freed at the TTL
-//	                                (TestPausedHolder)       (conformance suite)
 //	tokens across a crash           increasing               increasing
-//	                                (TestTokensDurable…)     (TestLeaseSurvivesCrash)
-//	transaction-mode PgBouncer      refused (ErrPooler,      works (TestLeaseConformancePgBouncer)
-//	                                TestBehindPgBouncer…)
+//	transaction-mode PgBouncer      refused (ErrPooler)      works
 //
 // What each costs:
 //
 //	                                advisory                 lease
 //	connections                     one per held lock and    a pool shared by all locks, plus one
-//	                                per waiting key          listener per Locker: 10,000 locks on
-//	                                (TestTooManyConnections) 8 connections (TestLease10000Locks)
-//	client CPU per renewal          (not measured)           about 85µs without -race
-//	                                                         (TestLease10000Locks logs it)
+//	                                per waiting key          listener per Locker
 //	statements                      acquire+release 2,       one per acquire, refresh, release or
 //	                                refresh 1, refused       refused acquire
-//	                                acquire 2                (TestLeaseStatementsPerOperation)
-//	                                (TestStatementsPerOp…)
-//	uncontended acquire+release     1.40× pg_advisory_lock + 1.13× INSERT … ON CONFLICT + DELETE
-//	                                unlock (BenchmarkUncon-  (BenchmarkLeaseUncontendedInterleaved)
-//	                                tendedInterleaved)
-//	handoff to a waiting process    in the server's lock     0.9ms p50 via NOTIFY; through
-//	                                manager                  PgBouncer 2.2ms after a 5ms hold,
-//	                                                         package locker's retry backoff
-//	                                                         (BenchmarkLeaseHandoff)
+//	                                acquire 2
+//	handoff to a waiting process    in the server's lock     a NOTIFY to the waiter's listener;
+//	                                manager                  through a pooler, package locker's
+//	                                                         retry backoff
 //	storage                         nothing                  one row per key in use, swept once
 //	                                                         expired for LeaseSweepAge
-//	                                                         (TestLeaseSweep); 10,000 keys after
-//	                                                         1,000,000 grants: 2.8MB table, 0.6MB
-//	                                                         index (BenchmarkLeaseTableGrowth)
+//
+// docs/backends/postgres.md has the measurements behind both tables.
 //
 // Pick the advisory mode for a modest number of locks on a direct
 // connection, when a holder's crash should free its lock at once (its
@@ -87,8 +78,7 @@
 //   - namespace (default "locker"): hashed with every key, so that programs
 //     sharing a database do not collide (see AdvisoryKey).
 //   - mode (default "advisory"): "advisory" or "lease"; anything else is an
-//     error wrapping driver.ErrInvalid. Open takes the advisory mode only,
-//     OpenLease the lease mode only; Driver.Open (locker.OpenURL) either.
+//     error wrapping driver.ErrInvalid.
 //
 // pgx's own parameters are accepted: host, port, dbname, user, password,
 // passfile, connect_timeout, sslmode, sslkey, sslcert, sslcertmode,
@@ -111,23 +101,20 @@
 // connection refused or timed out, TLS or authentication failure (a wrong
 // password), no free connection slot, a server starting up or shutting
 // down — fails Open, and every later call, with an error wrapping
-// driver.ErrUnavailable and the server's or pgx's message
-// (TestUnavailableServerDown, TestOpenAuthAndDatabase). A key held by
+// driver.ErrUnavailable and the server's or pgx's message. A key held by
 // someone else is driver.ErrNotAcquired, never ErrUnavailable.
 //
 // # Lease mode
 //
 // The lease table <schema>.locker_leases (id bytea PRIMARY KEY, key bytea,
 // owner bytea, token bigint, expires_at timestamptz, ttl_ms bigint; WITH
-// fillfactor 70) is created with the sequence, serialized the same way
-// (TestLeaseSetupConcurrent). A role without CREATE gets an error that
+// fillfactor 70) is created with the sequence, serialized the same way. A role without CREATE gets an error that
 // names the DDL and GRANTs to run; a table of another shape, or without
-// the rights, is refused with the shape or the GRANT wanted
-// (TestLeaseSetupPrivilegeAndShape). id is the first 16 bytes of
+// the rights, is refused with the shape or the GRANT wanted. id is the first 16 bytes of
 // SHA-256(namespace || 0x00 || key); keys and owners are stored as bytes.
 //
-// Every operation is one autocommit statement on any pooled connection
-// (TestLeaseStatementsPerOperation). Acquire inserts the key's row or takes
+// Every operation is one autocommit statement on any pooled connection.
+// Acquire inserts the key's row or takes
 // over an expired one (ON CONFLICT DO UPDATE … WHERE expires_at <=
 // clock_timestamp()), with the token from the sequence and the expiry
 // clock_timestamp() + TTL, both by the server's clock; when the key is held
@@ -135,23 +122,23 @@
 // (driver.HeldError). Refresh and Release are owner-checked updates that
 // never touch an expired row; Release marks the row expired rather than
 // deleting it, so the next grant of the key updates it in place. Every
-// update changes only columns no index covers and so can be HOT
-// (TestLeaseTableReuseAndHOT asserts at least 90% of them are). A grant, its token and its expiry are
+// update changes only columns no index covers and so can be HOT. A grant,
+// its token and its expiry are
 // flushed to the WAL before the reply (synchronous_commit is raised to
-// "local" for the statement where it is off; TestLeaseSurvivesCrash runs
-// with it off and the WAL writer asleep). Each LeaseLocker deletes rows
+// "local" for the statement where it is off). Each lease-mode Locker
+// deletes rows
 // expired for longer than LeaseSweepAge every LeaseSweepInterval (a scan
 // of the table). Through a pooler (detected as for ErrPooler) statements
 // use no named prepared statement.
 //
 // Waits: Release notifies the channel "locker_lease" with the key's id,
-// and one listener connection per LeaseLocker (outside the pool) LISTENs
-// for every key its callers wait for (TestLeaseListener); expiry needs no
+// and one listener connection per Locker (outside the pool) LISTENs
+// for every key its callers wait for; expiry needs no
 // notification, since Acquire reports the holder's remaining TTL and
 // package locker retries then. Behind a transaction-mode pooler LISTEN
 // does not work: Subscribe returns ErrListenPooler and Driver.Open returns
 // a Locker without it, so waits fall back to the holder's TTL and package
-// locker's backoff (BenchmarkLeaseHandoff/pgbouncer). There is no
+// locker's backoff. There is no
 // HoldWatcher: a lost lease is learned at the next renewal or the safe
 // deadline, which the server's expiry never precedes.
 //
@@ -182,17 +169,15 @@
 // statement and returns the connection to the pool; after any error the
 // connection is closed instead, which ends the session and so the lock. An
 // uncontended acquire+release is two statements, a refresh one, a refused
-// attempt two, and holding a lock sends nothing (TestStatementsPerOperation
-// counts them with pg_stat_statements).
+// attempt two, and holding a lock sends nothing.
 //
 // The TTL is enforced by the server even when the holder is paused with its
 // TCP connection up: idle_session_timeout terminates a session that has
 // been idle for the TTL, and a session's end frees its locks. The timer
 // starts when the server has answered the holder's last statement, so the
 // lock never ends before TTL after that statement was sent. A waiter blocked
-// in the server is granted the lock no earlier than the TTL and within
-// 500ms after it (TestExpiryLatency, TestPausedHolder assert both bounds
-// and log the measured delay). TTLs are whole milliseconds (rounded up),
+// in the server is granted the lock no earlier than the TTL, and promptly
+// after it. TTLs are whole milliseconds (rounded up),
 // from 10ms to MaxTTL (about 24.8 days).
 //
 // The same statements raise the pinned session's tcp_user_timeout to the
@@ -215,10 +200,9 @@
 // another transaction still running or committed asynchronously; then a
 // transactional logical message makes this commit flush it). Otherwise it
 // writes no WAL and does not wait for the disk: about one acquisition in 32
-// flushes (TestStatementsPerOperation). Tokens keep increasing across
-// expiry, release, crash and restart of the server, also on a server with
-// synchronous_commit=off and right after a logged value
-// (TestTokensDurableAcrossCrash). A logical-decoding consumer may see the
+// flushes. Tokens keep increasing across expiry, release, crash and restart
+// of the server, also on a server with synchronous_commit=off and right
+// after a logged value. A logical-decoding consumer may see the
 // "locker" messages.
 //
 // Waits (AcquireWait, used by package locker's Acquire) block in the
@@ -238,26 +222,14 @@
 // package locker (driver.HoldWatcher, Linux): the pinned socket sits in an
 // epoll set for its peer-closed, hang-up and error conditions, which costs
 // no traffic and no statement, and Lost() closes as soon as the socket
-// reports the end. Measured on a loaded 2-core machine under -race, fifteen
-// runs each (TestSessionFault*, which assert Lost() within 100ms), from the
-// fault to the holder's Lost() and to a waiter's grant:
-//
-//	fault                                  Lost()      waiter granted
-//	pg_terminate_backend of the holder     4–20ms      1–6ms
-//	connection reset between (a proxy)     0.2–4ms     0.8–5ms
-//	another backend SIGKILLed (reset all)  3–13ms      after recovery, 0.2–0.4s
-//	immediate shutdown and restart         3–11ms      after restart, 0.2–0.7s
-//
-// So a waiter may be granted the lock a few milliseconds before the old
-// holder hears of the loss (pg_terminate_backend, a reset): the holder's
-// writes in that window are the ones fencing tokens exist for. The tests
-// feed a register that rejects lower tokens from both owners and check that
-// it never accepts the old holder's write after the new holder's. A network
-// partition does not end the session early: TestPartitionKeepsSessionForTTL
-// drops every packet between a holder in a network namespace and the server
-// and checks that the server frees the lock no earlier than the TTL after
-// the holder's last statement; the holder's Lost() closes by its safe
-// deadline, before that.
+// reports the end: within milliseconds of pg_terminate_backend, a
+// connection reset, a server crash or an immediate shutdown
+// (docs/backends/postgres.md has the measurements). A waiter may be granted
+// the lock a few milliseconds before the old holder hears of the loss: the
+// holder's writes in that window are the ones fencing tokens exist for. A
+// network partition does not end the session early: the server frees the
+// lock no earlier than the TTL after the holder's last statement, and the
+// holder's Lost() closes by its safe deadline, before that.
 //
 // # Connections
 //

@@ -7,7 +7,26 @@
 //
 //	l, err := locker.OpenURL("redis://:password@127.0.0.1:6379/0")
 //
-// New and NewRedlock adopt go-redis clients the program already has.
+// This text is the reference for both Redis drivers: drivers/rueidis has the
+// same semantics, scripts and key layout, and its documentation lists only
+// where it differs.
+//
+// # Constructors
+//
+// As every driver of this module (see docs/writing-a-driver.md), the
+// package builds a Locker either from a URL or from clients the program
+// already has:
+//
+//	d, err := redis.Open(ctx, "redis://127.0.0.1:6379/0")
+//	d, err := redis.New(ctx, client, nil)            // a redis.UniversalClient
+//	d, err := redis.NewRedlock(ctx, clients, &redis.Options{NodeTimeout: 50 * time.Millisecond})
+//	l := locker.New(d)
+//
+// Options carries the settings that do not concern the connection (the
+// URL's prefix, node_timeout, drift_factor, max_key_len, token_retention,
+// fair and queue_ttl); nil, or a zero field, means the default given below.
+// New and NewRedlock make no round trip, leave the clients open on Close,
+// and do not watch held locks (see Watching a held lock).
 //
 // # URL
 //
@@ -66,7 +85,7 @@
 // therefore reads the policy of every server it checks (the single server,
 // every Cluster node, the Sentinel master, each Redlock master that
 // answers) and refuses one that can evict, with an error naming the policy
-// and allow_eviction (TestOpenRefusesEvictingServer). It reads CONFIG GET
+// and allow_eviction. It reads CONFIG GET
 // maxmemory-policy, and where CONFIG is disabled or renamed, as on managed
 // services, INFO memory's maxmemory_policy; a server that answers neither
 // is refused too. allow_eviction=true skips the check (no round trip) and
@@ -82,8 +101,7 @@
 // returns it when its check cannot reach the deployment, and Acquire,
 // Refresh, Release, Inspect and Ping when a call cannot. A key another owner
 // holds is driver.ErrNotAcquired, never ErrUnavailable, including on a
-// Redlock with a minority of nodes down (TestErrUnavailable, each mode with
-// its servers killed).
+// Redlock with a minority of nodes down.
 //
 // # Watching a held lock
 //
@@ -92,8 +110,7 @@
 // dedicated connection with CLIENT TRACKING ON REDIRECT to a second, RESP2
 // connection subscribed to __redis__:invalidate, on the server that
 // serves the key (on a Cluster, one such pair per master, opened when a
-// watched key is first read there; TestHoldWatch/cluster, conformance
-// Driver/HoldWatcher on TestConformanceCluster); the server then sends an
+// watched key is first read there); the server then sends an
 // invalidation when the key is deleted, expires, is evicted or is
 // written, and the watch reads the key again (re-arming the tracking) and
 // reports the grant lost only if the value no longer is the grant's
@@ -103,8 +120,7 @@
 // used because go-redis reads RESP3 push messages only when a connection
 // is used, not on an idle one, and it parses redirected invalidations as
 // pub/sub messages (PayloadSlice). The tracking connection is pinged every
-// second, so a broken one is replaced and its keys re-read (TestHoldWatch
-// "watch connection killed" asserts within 10s); a new subscriber connection (a new CLIENT ID) replaces the
+// second, so a broken one is replaced and its keys re-read; a new subscriber connection (a new CLIENT ID) replaces the
 // tracking connection at once; a subscriber connection that fails makes
 // every key be read again, on the server that serves it then. Two extra
 // connections per Locker (per Cluster master), opened with the first
@@ -117,35 +133,26 @@
 //
 // A lock's key deleted (DEL by another client, an operator), overwritten
 // by another owner, or evicted closes the holder's Lost() (cause server)
-// within 100ms of the change: asserted by TestHoldWatch (deleted,
-// overwritten) and TestHoldWatchEviction; measured 0.1–4.2ms on loopback
-// under -race over ten runs. A server that restarts empty, or a Sentinel
+// within milliseconds of the change. A server that restarts empty, or a Sentinel
 // failover that loses the grant, closes Lost() once the watch has
-// reconnected and re-read the key: within 3s of the server being back,
-// asserted by TestHoldWatchRestart and TestHoldWatchFailover (the measured
-// gaps are in the README's failure table). Another owner may be granted
+// reconnected and re-read the key, within seconds of the server being
+// back. Another owner may be granted
 // the key before Lost() closes; fencing tokens cover that gap. The
 // holder's own renewals, which change the key's TTL and so invalidate it,
-// are re-read and raise no alarm (TestHoldWatch "own refreshes": about 10
-// renewals and 5 refreshes).
+// are re-read and raise no alarm. docs/backends/redis.md has the
+// measurements.
 //
 // When the watch connection breaks, nothing is reported: a lost connection
 // is not a lost lock. The watch reconnects, reads every watched key again
 // (the server forgot what the old connection tracked), and reports a key
-// found gone or changed then (TestHoldWatch "watch connection killed":
-// every client connection killed, no alarm, then a deletion caught as
-// before). Meanwhile renewal and the safe deadline still apply.
+// found gone or changed then. Meanwhile renewal and the safe deadline still apply.
 //
 // Cost: acquire and release stay one EVALSHA each, with nothing added to
 // their round trips. The watch adds one GET of the lock key on its own
-// connection per grant (TestHoldWatchCost counts, from INFO commandstats,
-// exactly 2 EVALSHA and at most 1.1 watch GETs per acquire+release;
-// measured 1.00 in 40 runs with both cores busy, each grant of a new
-// key), and by design one more per renewal, whose invalidation it re-reads (not counted by a
-// test). A key granted again at once can take one more: the invalidation
-// of the previous release's DEL may arrive after the new grant is watched,
-// and is read rather than guessed stale (measured up to 1.2 GETs per
-// grant with one key under load, CI).
+// connection per grant, and one more per renewal, whose invalidation it
+// re-reads. A key granted again at once can take one more: the
+// invalidation of the previous release's DEL may arrive after the new grant
+// is watched, and is read rather than guessed stale.
 //
 // # Keys, round trips, tokens
 //
@@ -175,9 +182,7 @@
 // Locker; one SUBSCRIBE per key however many goroutines wait for it; a
 // subscription counts only once its confirmation was read back. A lost
 // connection wakes every waiter, and again after go-redis resubscribed. The
-// release script's PUBLISH wakes waiters (conformance Locker/WokenByRelease:
-// the key is handed over within 1s of the release, sooner than package
-// locker's fallback timer could); an expired
+// release script's PUBLISH wakes waiters; an expired
 // (crashed) holder is noticed through the PTTL returned by Acquire.
 //
 // # Fairness
@@ -193,47 +198,32 @@
 // "<prefix>:wake:<id>" (one SUBSCRIBE per Locker, for its life); the waiter
 // then takes the lock with a fresh token. A handoff therefore costs three
 // round trips (the waiter's queueing, its grant, the release) whatever the
-// number of waiting processes, and nobody else is woken
-// (drivertest.Contention, BenchmarkQueue). A free key with nobody
-// queued is taken in one round trip with no queue work
-// (TestCommandsPerOperation).
+// number of waiting processes, and nobody else is woken. A free key with
+// nobody queued is taken in one round trip with no queue work.
 //
 // The first waiter in line looks again when the holder's TTL runs out, so
 // a holder that crashed or stopped renewing is taken over right after its
 // TTL. A waiter that becomes first because the one before it was granted
 // the key or left is told the holder's time left by a message on its wake
-// channel, with no round trip (TestFair/head-takes-over: the holder cut
-// off through a fault proxy, TTL 300ms, queue_ttl 5s: the next waiter
-// granted within TTL + 300ms, measured 282–305ms; 2.5s, the heartbeat,
-// without the message).
+// channel, with no round trip.
 //
 // A waiter whose process exited (or was killed) is skipped at once on a
 // single server and under Sentinel: the release publishes on its wake
-// channel, nobody receives it, and the lock goes to the next waiter
-// (TestFair/killed-waiter: a SIGKILLed child process first in line, the
-// next waiter granted within 1s with queue_ttl=5s, measured 0–2ms;
-// TestFair/sentinel/killed-waiter, the same under Sentinel;
-// internal/rediscore TestQueueSkipsUnheardWaiter). A waiter that is cut
-// off keeps its connection open on the server, and on a Cluster PUBLISH
-// counts one node's subscribers only: there the entry, renewed every
-// queue_ttl/2, and a reservation made for it lapse within queue_ttl, and
-// the next waiter goes on (TestFair/cut-waiter; TestFair/cluster/
-// killed-waiter, 577–598ms with queue_ttl=600ms). So does the first wait
-// of a Locker whose wake channel could not be subscribed: its entry is
-// marked "~" as on a Cluster, never skipped for want of a listener
-// (internal/rediscore TestQueueSkipsUnheardWaiter). A waiter whose
+// channel, nobody receives it, and the lock goes to the next waiter. A
+// waiter that is cut off keeps its connection open on the server, and on a
+// Cluster PUBLISH counts one node's subscribers only: there the entry,
+// renewed every queue_ttl/2, and a reservation made for it lapse within
+// queue_ttl, and the next waiter goes on. So does the first wait of a
+// Locker whose wake channel could not be subscribed: its entry is marked
+// "~" as on a Cluster, never skipped for want of a listener. A waiter whose
 // connection dropped is skipped too, and joins again at the back of the
-// queue when its subscription is back (TestFair/reset-waiter: connections
-// reset through a fault proxy; the next waiter granted within 1s, the
-// reset one after it). A cancelled wait removes
-// its entry at once and passes on a reservation it was given, leaving
-// nothing behind (TestFair/cancel; TestFair/churn: 12 Lockers for 3s with
-// waits cut short at random after 1–20ms, never two holders, tokens
-// increasing, no gap of 1s between grants, nothing left). Tokens and the
+// queue when its subscription is back. A cancelled wait removes its entry
+// at once and passes on a reservation it was given, leaving nothing
+// behind. Tokens and the
 // fencing rules are those
 // of every grant. Within one Locker, package locker queues its own callers
 // and lets one at a time wait on the server. go-redis and rueidis Lockers
-// share one queue (drivers/rueidis TestCrossDriverQueue).
+// share one queue.
 //
 // Not promised: a TryAcquire, or a barging waiter, may take a key that is
 // free with waiters queued — which happens only after a holder's TTL ran
@@ -246,8 +236,7 @@
 // PUBLISH and the first to retry wins, as with sync.Mutex. That saves the
 // queueing round trip when waiters are few and short-lived, at the cost of
 // order: under contention a fast process takes most grants and the server
-// work per handoff grows with the number of waiters (BenchmarkQueue
-// barging-32: fairness near 0, tens of commands per acquisition).
+// work per handoff grows with the number of waiters (docs/benchmarks.md).
 //
 // # Redlock
 //

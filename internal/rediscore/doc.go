@@ -33,8 +33,7 @@
 // freed. When the reply is lost too, nothing is deleted on a single
 // deployment (the grant, if any, expires at its TTL); Redlock releases the
 // unknown nodes by owner only when the other nodes prove owner did not hold
-// a quorum before. TestNodeAbandonedAcquireKeepsPriorLock,
-// TestRedlockAbandonedAcquireKeepsPriorLock.
+// a quorum before.
 //
 // # Fencing tokens
 //
