@@ -308,11 +308,14 @@ func (e *Election) leader(ctx context.Context) (Leader, string, error) {
 	}
 	in, err := e.l.inspector.Inspect(ctx, e.key)
 	if err != nil {
+		if errors.Is(err, ErrNotHeld) {
+			err = fmt.Errorf("no leader: %w", err)
+		}
 		return Leader{}, "", wrap(ctx, "leader", e.name, err)
 	}
 	value, ok := decodeOwner(in.Owner)
 	if !ok || in.Token == 0 {
-		return Leader{}, "", prefix("leader", e.name, fmt.Errorf("%w: the election's key is held, but not by one of its candidates", ErrNotHeld))
+		return Leader{}, "", prefix("leader", e.name, fmt.Errorf("no leader: %w: the election's key is held, but not by one of its candidates", ErrNotHeld))
 	}
 	return Leader{Value: value, Term: in.Token, Remaining: max(in.Remaining, 0)}, in.Owner, nil
 }

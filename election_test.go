@@ -386,3 +386,53 @@ func TestElectionObserveStopsOnBreak(t *testing.T) {
 
 // second returns the error of a two-value call.
 func second[T any](_ T, err error) error { return err }
+
+// TestElectionMetrics: the lock instruments carry locker.kind, election for
+// an election's lock and mutex otherwise, and locker.election.terms counts
+// the terms won.
+func TestElectionMetrics(t *testing.T) {
+	ctx := ctxT(t, 10*time.Second)
+	m := newMetrics(t)
+	l := locker.New(mem.NewStore().Locker(), locker.WithMeterProvider(m.mp))
+	defer l.Close()
+	mu, err := l.Acquire(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		lk, err := l.Election("x").Campaign(ctx, "v")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = lk.Release(ctx)
+	}
+	_ = mu.Release(ctx)
+	m.expect(t, 2, "locker.election.terms", "locker.kind=election", "locker.driver=custom")
+	m.expect(t, 2, "locker.acquire.duration", "locker.kind=election", "locker.result=acquired")
+	m.expect(t, 1, "locker.acquire.duration", "locker.kind=mutex", "locker.result=acquired")
+	m.expect(t, 2, "locker.hold.duration", "locker.kind=election")
+	m.expect(t, 1, "locker.hold.duration", "locker.kind=mutex")
+	for _, p := range m.points(t) {
+		if _, ok := p.attrs.Value("locker.kind"); !ok {
+			t.Errorf("%s %v: no locker.kind", p.name, p.attrs.ToSlice())
+		}
+	}
+	// Under WithKeyName too, the kind follows the key.
+	m2 := newMetrics(t)
+	l2 := locker.New(mem.NewStore().Locker(), locker.WithMeterProvider(m2.mp),
+		locker.WithKeyName(func(string) string { return "all" }))
+	defer l2.Close()
+	lk, err := l2.Election("x").Campaign(ctx, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lk.Release(ctx)
+	mu, err = l2.Acquire(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = mu.Release(ctx)
+	m2.expect(t, 1, "locker.election.terms", "locker.kind=election", "locker.key=all")
+	m2.expect(t, 1, "locker.hold.duration", "locker.kind=election", "locker.key=all")
+	m2.expect(t, 1, "locker.hold.duration", "locker.kind=mutex", "locker.key=all")
+}
