@@ -222,8 +222,13 @@ func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.C
 	}
 	backoff := backoffMin
 	for {
-		lk, err := e.campaign(ctx, value, opts)
+		// fn's context is cancelled from inside the Lock, as Lost closes
+		// and before a presumed-lost lock is released on the server, so
+		// that no other candidate can be elected first.
+		fctx, cancel := context.WithCancelCause(ctx)
+		lk, err := e.campaign(ctx, value, append(opts[:len(opts):len(opts)], withOnLost(cancel)))
 		if err != nil {
+			cancel(nil)
 			if ctx.Err() != nil || errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed) || errors.Is(err, errors.ErrUnsupported) {
 				return err
 			}
@@ -234,7 +239,7 @@ func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.C
 			continue
 		}
 		backoff = backoffMin
-		lost, ferr := e.serve(ctx, lk, fn)
+		lost, ferr := e.serve(ctx, fctx, cancel, lk, fn)
 		switch {
 		case ctx.Err() != nil:
 			return prefix("lead", e.name, errors.Join(ctx.Err(), ferr))
@@ -246,27 +251,17 @@ func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.C
 	}
 }
 
-// serve runs fn for one term and resigns when it returns. lost reports
-// that the lead was lost before fn returned; err is fn's error, joined with
-// a failed resign's.
-func (e *Election) serve(ctx context.Context, lk *Lock, fn func(context.Context, uint64) error) (lost bool, err error) {
-	fctx, cancel := context.WithCancelCause(ctx)
-	stop := make(chan struct{})
-	go func() {
-		select {
-		case <-lk.Lost():
-			cancel(lk.Err())
-		case <-stop:
-		}
-	}()
+func withOnLost(f func(error)) Option { return func(o *options) { o.onLost = f } }
+
+// serve runs fn for one term, with fctx (cancelled by the Lock when the
+// lead is lost), and resigns when fn returns. lost reports that the lead
+// was lost before fn returned; err is fn's error, joined with a failed
+// resign's.
+func (e *Election) serve(ctx, fctx context.Context, cancel context.CancelCauseFunc, lk *Lock, fn func(context.Context, uint64) error) (lost bool, err error) {
 	defer func() {
-		close(stop)
+		// The Lock cancels fctx with its loss before Lost closes.
+		lost = errors.Is(context.Cause(fctx), ErrNotHeld)
 		cancel(nil)
-		select {
-		case <-lk.Lost():
-			lost = true
-		default:
-		}
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer rcancel()
 		if rerr := lk.Release(rctx); rerr != nil && !lost && !errors.Is(rerr, ErrNotHeld) {

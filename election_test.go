@@ -208,11 +208,12 @@ func TestElectionNoPhantomLeader(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	s := mem.NewStore()
 	f := newFaulty(s)
-	a, b := locker.New(f), locker.New(s.Locker())
+	a, b := locker.New(wideMargin{f}), locker.New(s.Locker())
 	defer a.Close()
 	defer b.Close()
-	const ttl = 300 * time.Millisecond
+	const ttl = time.Second
 	var leadCtx atomic.Pointer[context.Context]
+	var leadTerm atomic.Uint64
 	elected := make(chan uint64, 4)
 	lctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -220,6 +221,7 @@ func TestElectionNoPhantomLeader(t *testing.T) {
 	go func() {
 		leadDone <- a.Election("e").Lead(lctx, "a", func(fctx context.Context, term uint64) error {
 			leadCtx.Store(&fctx)
+			leadTerm.Store(term)
 			elected <- term
 			<-fctx.Done()
 			if lctx.Err() == nil {
@@ -242,7 +244,7 @@ func TestElectionNoPhantomLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	if (*leadCtx.Load()).Err() == nil {
-		t.Fatal("b was elected while a's fn still had a live context: a phantom leader")
+		t.Fatalf("b was elected (term %d) while a's fn (term %d) still had a live context: a phantom leader", lb.Token(), leadTerm.Load())
 	}
 	if lb.Token() <= t1 {
 		t.Fatalf("term %d after %d", lb.Token(), t1)
@@ -250,13 +252,15 @@ func TestElectionNoPhantomLeader(t *testing.T) {
 	// a campaigns again and wins once b resigns.
 	f.setFailRefresh(nil)
 	_ = lb.Release(ctx)
-	select {
-	case t3 := <-elected:
-		if t3 <= lb.Token() {
-			t.Fatalf("term %d after %d", t3, lb.Token())
+	// (a may have won a term in between, while its renewals still failed.)
+	for t3 := uint64(0); t3 <= lb.Token(); {
+		select {
+		case t3 = <-elected:
+		case err := <-leadDone:
+			t.Fatalf("Lead returned: %v", err)
+		case <-ctx.Done():
+			t.Fatal("a not elected again")
 		}
-	case <-ctx.Done():
-		t.Fatal("a not elected again")
 	}
 	stop()
 	if err := <-leadDone; !errors.Is(err, context.Canceled) {
@@ -267,6 +271,14 @@ func TestElectionNoPhantomLeader(t *testing.T) {
 		t.Fatalf("Leader after Lead returned: %v, want ErrNotHeld", err)
 	}
 }
+
+// wideMargin declares a drift margin of a fifth of the TTL, so that a
+// loaded machine whose timers fire late cannot reorder the holder's
+// deadline and the server's expiry: the test is about what the election
+// does at the deadline.
+type wideMargin struct{ *faulty }
+
+func (wideMargin) Capabilities() driver.Capabilities { return driver.Capabilities{DriftFactor: 0.2} }
 
 // TestElectionLeadReturns: fn returning nil resigns and campaigns again;
 // fn returning an error resigns and ends Lead with it.
