@@ -207,9 +207,9 @@ func (e *Election) campaign(ctx context.Context, value string, opts []Option) (*
 //
 // Lead returns an error wrapping ctx.Err() once ctx ends (fn's error, if
 // any, is joined), fn's error if it ended the lead (joined with a failed
-// resign's error), or the error of a campaign that cannot succeed
-// (ErrInvalid, ErrClosed, errors.ErrUnsupported), all before fn runs for
-// the checks made before any I/O. It panics if fn is nil.
+// resign's error), or the error of a campaign that cannot succeed:
+// ErrInvalid and errors.ErrUnsupported as for Campaign, before any I/O, or
+// ErrClosed. It panics if fn is nil.
 func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.Context, term uint64) error, opts ...Option) error {
 	if fn == nil {
 		panic("locker: Election.Lead with a nil fn")
