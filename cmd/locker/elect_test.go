@@ -36,6 +36,7 @@ func TestElectRedis(t *testing.T) {
 	s := redistest.Start(t)
 	checkElection(t, s.URL(), time.Second, 0)
 	checkObserve(t, s.URL())
+	checkPause(t, s.URL(), time.Second, 0)
 }
 
 // etcd expires leases in a loop that runs every 500ms, so a crashed
@@ -44,24 +45,28 @@ func TestElectEtcd(t *testing.T) {
 	c := etcdtest.Start(t)
 	checkElection(t, c.URL("/locker-elect-test"), 2*time.Second, 500*time.Millisecond)
 	checkObserve(t, c.URL("/locker-elect-test"))
+	checkPause(t, c.URL("/locker-elect-test"), 2*time.Second, 500*time.Millisecond)
 }
 
 func TestElectPostgres(t *testing.T) {
 	s := pgtest.Start(t)
 	checkElection(t, s.URL(), time.Second, 0)
 	checkObserve(t, s.URL())
+	checkPause(t, s.URL(), time.Second, 0)
 }
 
 func TestElectPostgresLease(t *testing.T) {
 	s := pgtest.Start(t)
 	checkElection(t, s.URL()+"&mode=lease", time.Second, 0)
 	checkObserve(t, s.URL()+"&mode=lease")
+	checkPause(t, s.URL()+"&mode=lease", time.Second, 0)
 }
 
 func TestElectFile(t *testing.T) {
 	url := fileURL(t)
 	checkElection(t, url, time.Second, 0)
 	checkObserve(t, url)
+	checkPause(t, url, time.Second, 0)
 }
 
 // candidate is one `locker run --elect` process.
@@ -151,14 +156,7 @@ func checkElection(t *testing.T, url string, ttl, expiryLag time.Duration) {
 // crash of its host would.
 func killCandidate(t *testing.T, c *candidate) {
 	t.Helper()
-	b, err := os.ReadFile(c.job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pid := pidOf(t, c.job)
 	c.p.signal(t, syscall.SIGKILL)
 	_ = syscall.Kill(-pid, syscall.SIGKILL) // the job's process group
 	c.p.wait(t)
@@ -341,5 +339,98 @@ func checkObserve(t *testing.T, url string) {
 			t.Errorf("observer later than %v: grants %v, resigns %v", bound, grants, ends)
 			break
 		}
+	}
+}
+
+// checkPause: the leader's locker and its job are stopped (SIGSTOP) past
+// the TTL, as a paused VM would be; another candidate is elected; on
+// resume locker kills the old job before it can go on, and a fenced
+// register would reject any write the old job still makes (reported).
+func checkPause(t *testing.T, url string, ttl, expiryLag time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := locker.OpenURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dir := t.TempDir()
+	register := filepath.Join(dir, "register")
+	env := []string{"LOCKER_URL=" + url}
+	cands := map[string]*candidate{}
+	for i := range 3 {
+		c := &candidate{value: "p" + strconv.Itoa(i), job: filepath.Join(dir, "pid"+strconv.Itoa(i))}
+		c.p = start(t, env, append([]string{"run", "--ttl", ttl.String(), "--elect", c.value, "p", "--"}, writer(register, c.job)...)...)
+		drain(c.p)
+		cands[c.value] = c
+	}
+	e := l.Election("p")
+	var ld locker.Leader
+	waitFor(t, 30*time.Second, "a leader", func() bool {
+		ld, err = e.Leader(ctx)
+		return err == nil
+	})
+	old := cands[ld.Value]
+	waitWrites(t, register, ld.Term, 3, 10*time.Second)
+	waitFor(t, 10*time.Second, "the job's pid file", func() bool { _, err := os.Stat(old.job); return err == nil })
+	jobPid := pidOf(t, old.job)
+	_ = syscall.Kill(-jobPid, syscall.SIGSTOP)
+	old.p.signal(t, syscall.SIGSTOP)
+	at := time.Now()
+	var next locker.Leader
+	waitFor(t, ttl+expiryLag+10*time.Second, "a new leader", func() bool {
+		next, err = e.Leader(ctx)
+		return err == nil && next.Term > ld.Term
+	})
+	waitTerm(t, register, next.Term, at, 10*time.Second)
+	t.Logf("%s: leader %s paused; %s elected (term %d) after %v", url, old.value, next.Value, next.Term, time.Since(at).Round(time.Millisecond))
+	old.p.signal(t, syscall.SIGCONT)
+	_ = syscall.Kill(-jobPid, syscall.SIGCONT)
+	waitFor(t, 10*time.Second, "the old job's end", func() bool {
+		return syscall.Kill(-jobPid, 0) == syscall.ESRCH
+	})
+	waitWrites(t, register, next.Term, 3, 10*time.Second)
+	var high uint64
+	rejected := 0
+	for _, w := range readRegister(t, register) {
+		switch {
+		case w.term >= high:
+			high = w.term
+		case w.term == ld.Term && w.at.After(at):
+			rejected++ // the old leader's write after its pause: fenced off
+		default:
+			t.Errorf("register: term %d after %d", w.term, high)
+		}
+	}
+	t.Logf("%s: the register rejected %d writes of the paused leader after it resumed", url, rejected)
+	select {
+	case <-old.p.done:
+		t.Errorf("the paused candidate exited (%d); it should campaign again", old.p.code)
+	default:
+	}
+}
+
+func pidOf(t *testing.T, file string) int {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// waitFor polls cond every 5ms until it holds, failing the test after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not happen within %v", what, d)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
