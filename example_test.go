@@ -213,11 +213,11 @@ func ExampleWithMeterProvider() {
 	// second try: true
 	// level=INFO msg="locker: lock lost" driver=custom key=tenant/42/report cause=closed error="lock is not held (lost: closed): the Locker was closed"
 	// closed: true
-	// locker.acquire.duration locker.driver=custom,locker.key=tenant/*,locker.result=acquired count=1
-	// locker.acquire.duration locker.driver=custom,locker.key=tenant/*,locker.result=not_acquired count=1
-	// locker.held locker.driver=custom,locker.key=tenant/* value=0
-	// locker.hold.duration locker.driver=custom,locker.key=tenant/* count=1
-	// locker.lost locker.cause=closed,locker.driver=custom,locker.key=tenant/* value=1
+	// locker.acquire.duration locker.driver=custom,locker.key=tenant/*,locker.kind=mutex,locker.result=acquired count=1
+	// locker.acquire.duration locker.driver=custom,locker.key=tenant/*,locker.kind=mutex,locker.result=not_acquired count=1
+	// locker.held locker.driver=custom,locker.key=tenant/*,locker.kind=mutex value=0
+	// locker.hold.duration locker.driver=custom,locker.key=tenant/*,locker.kind=mutex count=1
+	// locker.lost locker.cause=closed,locker.driver=custom,locker.key=tenant/*,locker.kind=mutex value=1
 }
 
 // attrs prints an attribute set as k=v,k=v, in key order.

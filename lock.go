@@ -67,14 +67,15 @@ type Lock struct {
 	lostErr      *lostError // why Lost was closed; set just before it closes
 	lost         chan struct{}
 	releaseRetry bool
-	unwatch      func() // ends the driver.HoldWatcher watch; nil if none
+	unwatch      func()      // ends the driver.HoldWatcher watch; nil if none
+	onLost       func(error) // options.onLost
 }
 
 func newLock(l *Locker, key string, o options, token uint64, start time.Time) *Lock {
 	ctx, cancel := context.WithCancel(context.Background())
 	lk := &Lock{
 		l: l, key: key, owner: o.owner, token: token, autoRenew: o.autoRenew,
-		start: start, attrs: o.attrs,
+		start: start, attrs: o.attrs, onLost: o.onLost,
 		io:   make(chan struct{}, 1),
 		stop: make(chan struct{}),
 		kick: make(chan struct{}, 1),
@@ -312,6 +313,9 @@ func (lk *Lock) closeLost(e *lostError, markLost bool) {
 // Metrics are recorded first, so that they count the loss once Lost is
 // closed; the log record follows.
 func (lk *Lock) announce(e *lostError) {
+	if lk.onLost != nil {
+		lk.onLost(e)
+	}
 	t := lk.l.tel
 	if t != nil {
 		t.lostCount(lk, e)

@@ -18,8 +18,9 @@ type options struct {
 	ownerSet  bool
 	maxHold   time.Duration
 	minHold   time.Duration
-	attrs     *attrSets // the telemetry attributes of the key; nil without telemetry
-	hold      holdOps   // set by shared.go for a shared hold; nil for a mutex
+	attrs     *attrSets   // the telemetry attributes of the key; nil without telemetry
+	hold      holdOps     // set by shared.go for a shared hold; nil for a mutex
+	onLost    func(error) // called with the loss just before Lost closes, before the server is told (Election.Lead)
 }
 
 // WithTTL sets how long the lock lives on the server without a renewal.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,6 +28,7 @@ const (
 	attrCause  = attribute.Key("locker.cause")
 	attrKey    = attribute.Key("locker.key")
 	attrToken  = attribute.Key("locker.token")
+	attrKind   = attribute.Key("locker.kind")
 )
 
 // OpenOption configures a Locker: New, Open and OpenURL take any number of
@@ -46,9 +48,11 @@ type config struct {
 // the global provider, which records nothing until the program installs an
 // SDK with otel.SetMeterProvider, and forwards to that SDK from then on.
 //
-// Instruments, of scope ScopeName. Every one carries the attribute
+// Instruments, of scope ScopeName. Every one carries the attributes
 // locker.driver (the name the driver was registered under, for Open and
-// OpenURL; "custom" for New) and, under WithKeyName, locker.key.
+// OpenURL; "custom" for New) and locker.kind (election for the lock of an
+// election, a key beginning with ElectionPrefix; mutex for every other
+// lock), and, under WithKeyName, locker.key.
 //
 //   - locker.acquire.duration, histogram, s: each Acquire and TryAcquire
 //     call from start to return, waiting included; locker.result is
@@ -63,6 +67,8 @@ type config struct {
 //   - locker.lost, counter: each closing of Lost; locker.cause is the
 //     LostCause.
 //   - locker.held, up-down counter: locks held now through the Locker.
+//   - locker.election.terms, counter: terms won through the Locker, one
+//     each time a Campaign (or Lead) is elected.
 //
 // With the global provider and no SDK installed, durations are not
 // measured (no clock is read for them) until one is. Tested by
@@ -170,14 +176,22 @@ type telemetry struct {
 	renewals   metric.Int64Counter
 	lost       metric.Int64Counter
 	held       metric.Int64UpDownCounter
+	terms      metric.Int64Counter
 	logger     *slog.Logger
 	driver     string
 	keyName    func(string) string
 
-	plain *attrSets // for keys without a name
+	plain    *attrSets // for keys without a name
+	election *attrSets // for election keys without a name
 
 	mu    sync.Mutex
-	named map[string]*attrSets
+	named map[namedSets]*attrSets
+}
+
+// namedSets identifies the attribute sets of a key name.
+type namedSets struct {
+	name     string
+	election bool
 }
 
 // attrSets holds the measurement options of one (driver, key name) pair,
@@ -189,6 +203,7 @@ type attrSets struct {
 	held    []metric.AddOption
 	renew   [len(renewalResults)][]metric.AddOption
 	lost    [len(lostCauses)][]metric.AddOption
+	term    []metric.AddOption
 }
 
 func newAttrSets(base ...attribute.KeyValue) *attrSets {
@@ -204,6 +219,7 @@ func newAttrSets(base ...attribute.KeyValue) *attrSets {
 	}
 	s.hold = rec()
 	s.held = add()
+	s.term = s.held
 	for i, r := range renewalResults {
 		s.renew[i] = add(attrResult.String(r))
 	}
@@ -231,16 +247,17 @@ func newTelemetry(driverName string, c config) *telemetry {
 	}
 	m := mp.Meter(ScopeName)
 	t := &telemetry{
-		lazyMP:  lazyMP,
-		lazyTP:  lazyTP,
-		tracer:  tp.Tracer(ScopeName),
-		logger:  c.logger,
-		driver:  driverName,
-		keyName: c.keyName,
-		plain:   newAttrSets(attrDriver.String(driverName)),
-		named:   map[string]*attrSets{},
+		lazyMP:   lazyMP,
+		lazyTP:   lazyTP,
+		tracer:   tp.Tracer(ScopeName),
+		logger:   c.logger,
+		driver:   driverName,
+		keyName:  c.keyName,
+		plain:    newAttrSets(attrDriver.String(driverName), attrKind.String("mutex")),
+		election: newAttrSets(attrDriver.String(driverName), attrKind.String("election")),
+		named:    map[namedSets]*attrSets{},
 	}
-	var errs [5]error
+	var errs [6]error
 	t.acquireDur, errs[0] = m.Float64Histogram("locker.acquire.duration",
 		metric.WithUnit("s"),
 		metric.WithDescription("Duration of Acquire and TryAcquire calls, waiting included."),
@@ -258,6 +275,9 @@ func newTelemetry(driverName string, c config) *telemetry {
 	t.held, errs[4] = m.Int64UpDownCounter("locker.held",
 		metric.WithUnit("{lock}"),
 		metric.WithDescription("Locks held now."))
+	t.terms, errs[5] = m.Int64Counter("locker.election.terms",
+		metric.WithUnit("{term}"),
+		metric.WithDescription("Election terms won, one per elected Campaign."))
 	if err := errors.Join(errs[:]...); err != nil {
 		otel.Handle(err)
 	}
@@ -278,6 +298,9 @@ func newTelemetry(driverName string, c config) *telemetry {
 	}
 	if t.held == nil {
 		t.held, _ = noop.Int64UpDownCounter("")
+	}
+	if t.terms == nil {
+		t.terms, _ = noop.Int64Counter("")
 	}
 	return t
 }
@@ -312,21 +335,38 @@ func (t *telemetry) metering() bool {
 
 // sets returns the attribute sets for key.
 func (t *telemetry) sets(key string) *attrSets {
+	election := strings.HasPrefix(key, ElectionPrefix)
+	plain := t.plain
+	if election {
+		plain = t.election
+	}
 	if t.keyName == nil || key == "" || len(key) > maxKeyLen {
-		return t.plain
+		return plain
 	}
 	name := t.keyName(key)
 	if name == "" {
-		return t.plain
+		return plain
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := t.named[name]
+	s := t.named[namedSets{name, election}]
 	if s == nil {
-		s = newAttrSets(attrDriver.String(t.driver), attrKey.String(name))
-		t.named[name] = s
+		kind := "mutex"
+		if election {
+			kind = "election"
+		}
+		s = newAttrSets(attrDriver.String(t.driver), attrKind.String(kind), attrKey.String(name))
+		t.named[namedSets{name, election}] = s
 	}
 	return s
+}
+
+// term counts a term won; attrs are the election lock's.
+func (t *telemetry) term(attrs *attrSets) {
+	if attrs == nil {
+		attrs = t.election
+	}
+	t.terms.Add(context.Background(), 1, attrs.term...)
 }
 
 // acquireOp is one Acquire or TryAcquire call in flight.

@@ -40,7 +40,10 @@ func main() {
 const usageText = `usage:
   locker run    [--url URL] [--ttl D] [--wait D] [--on-lost term|kill|ignore] [--grace D]
                 [--max-hold D] [--min-hold D] [-v] KEY -- COMMAND [ARGS...]
+  locker run    --elect VALUE [--url URL] [--ttl D] [--on-lost …] [--grace D] [--max-hold D] [-v]
+                KEY -- COMMAND [ARGS...]
   locker status [--url URL] [-o text|json] [-v] KEY
+  locker leader [--url URL] [-o text|json] [--watch] [-v] KEY
   locker bench  [--url URL] [--workers N] [--duration D] [--hold H] [--ttl D] [--key KEY] [-v]
   locker drivers
 
@@ -48,7 +51,11 @@ URL defaults to $LOCKER_URL, else file:// (lock files in a local directory).
 Run "locker COMMAND -h" for a command's flags. Exit codes: the command's own;
 122 backend unavailable; 123 lock lost; 124 lock not acquired; 125 usage,
 configuration or other backend error; 126 command not executable; 127
-command not found.
+command not found. locker status: 0 held, 1 free. locker leader: 0 someone
+leads, 1 nobody does; with --watch, 0 when interrupted. locker run --elect:
+a lost lead is not an exit (the command is stopped and locker campaigns
+again); 128+N on signal N while campaigning; after SIGTERM while leading,
+the lead is resigned once the command has exited, and its code returned.
 `
 
 // Main runs the locker command with args (without the program name) and
@@ -63,6 +70,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return cmdRun(args[1:], stdout, stderr)
 	case "status":
 		return cmdStatus(args[1:], stdout, stderr)
+	case "leader":
+		return cmdLeader(args[1:], stdout, stderr)
 	case "bench":
 		return cmdBench(args[1:], stdout, stderr)
 	case "drivers":
@@ -72,7 +81,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usageText)
 		return exitOK
 	default:
-		fmt.Fprintf(stderr, "locker: unknown command %q (want run, status, bench or drivers; see locker help)\n", args[0])
+		fmt.Fprintf(stderr, "locker: unknown command %q (want run, status, leader, bench or drivers; see locker help)\n", args[0])
 		return exitUsage
 	}
 }

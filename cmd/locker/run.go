@@ -91,6 +91,8 @@ type runOpts struct {
 	limit   limitFlag // --limit: a semaphore permit (limit.go)
 	key     string
 	command []string
+	elect   string // --elect VALUE
+	elected bool   // --elect was given
 
 	// Set once the lock is granted.
 	holdBound time.Time // --max-hold: when package locker ends the lock; zero without
@@ -107,8 +109,15 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.maxHold, "max-hold", 0, "stop the job and release the lock `D` after the grant however long the command runs (0: no bound); with --on-lost=term SIGTERM goes --grace (at most D/2) before, SIGKILL at D")
 	fs.DurationVar(&o.minHold, "min-hold", 0, "keep the key taken until `D` after the grant even if the command ends sooner (0: release at once); for cron fleets whose clocks differ")
 	fs.Var(&o.limit, "limit", limitUsage)
+	fs.Func("elect", "run the command only while leading the election `KEY` (the lock's key names the election), campaigning with VALUE; on a loss stop it and campaign again", func(v string) error {
+		o.elect, o.elected = v, true
+		return nil
+	})
 	if code, ok := o.parse(fs, args, stdout); !ok {
 		return code
+	}
+	if o.elected {
+		return o.runElect()
 	}
 	return o.run()
 }
@@ -174,6 +183,9 @@ func (o *runOpts) parse(fs *flag.FlagSet, args []string, stdout io.Writer) (code
 		return usage("--min-hold must not be negative, got %v", o.minHold)
 	case o.maxHold > 0 && o.minHold > o.maxHold:
 		return usage("--min-hold %v is longer than --max-hold %v", o.minHold, o.maxHold)
+	}
+	if o.elected && o.minHold > 0 {
+		return usage("--min-hold does not apply with --elect: a leader that stops resigns at once")
 	}
 	if !o.grace.set {
 		o.grace.d = defaultGrace(o.ttl)
