@@ -131,41 +131,44 @@ func FairFreed(t *testing.T, d Deployment) {
 // it waits. Its Acquire returns ErrClosed, and when Close returns its
 // queue entry is gone from the server (only the live waiter behind it is
 // left); the holder's release then grants that waiter within
-// HandoffBound.
+// HandoffBound. Five rounds: Close races the waiter's own look at the
+// queue.
 func FairClosedWaiter(t *testing.T, d Deployment) {
 	key := "freed-waiter-closed"
-	lk, err := Open(t, d.URL).TryAcquire(context.Background(), key, locker.WithTTL(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
+	for round := range 5 {
+		lk, err := Open(t, d.URL).TryAcquire(context.Background(), key, locker.WithTTL(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		closing, err := locker.OpenURL(d.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		gone := acquireAsync(ctx, closing, key, 10*time.Second)
+		waitFor(t, 10*time.Second, "the first waiter in the queue", func() bool { return d.queueLen(t, key) == 1 })
+		w := acquireAsync(ctx, Open(t, d.URL), key, 10*time.Second)
+		waitFor(t, 10*time.Second, "the second waiter in the queue", func() bool { return d.queueLen(t, key) == 2 })
+		if err := closing.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := d.queueLen(t, key); n != 1 {
+			t.Fatalf("round %d: %d queue entries once the first waiter's Locker closed; want 1 (the live waiter's)", round, n)
+		}
+		if r := <-gone; !errors.Is(r.err, locker.ErrClosed) {
+			t.Fatalf("round %d: the closed Locker's Acquire = %v, want ErrClosed", round, r.err)
+		}
+		released := time.Now()
+		if err := lk.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		g := grantedWithinOf(t, w, released, "the waiter behind a closed one")
+		if err := g.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		waitFor(t, 5*time.Second, "the queue keys to go", func() bool { return d.queueKeys(key) == 0 })
 	}
-	closing, err := locker.OpenURL(d.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	gone := acquireAsync(ctx, closing, key, 10*time.Second)
-	waitFor(t, 10*time.Second, "the first waiter in the queue", func() bool { return d.queueLen(t, key) == 1 })
-	w := acquireAsync(ctx, Open(t, d.URL), key, 10*time.Second)
-	waitFor(t, 10*time.Second, "the second waiter in the queue", func() bool { return d.queueLen(t, key) == 2 })
-	if err := closing.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if n := d.queueLen(t, key); n != 1 {
-		t.Fatalf("%d queue entries once the first waiter's Locker closed; want 1 (the live waiter's)", n)
-	}
-	if r := <-gone; !errors.Is(r.err, locker.ErrClosed) {
-		t.Fatalf("the closed Locker's Acquire = %v, want ErrClosed", r.err)
-	}
-	released := time.Now()
-	if err := lk.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	g := grantedWithinOf(t, w, released, "the waiter behind a closed one")
-	if err := g.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 5*time.Second, "the queue keys to go", func() bool { return d.queueKeys(key) == 0 })
 }
 
 // OddKeysModes runs OddKeys on one server and on a Cluster of three

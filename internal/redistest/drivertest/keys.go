@@ -128,6 +128,9 @@ func OddKeys(t *testing.T, d Deployment) {
 				t.Fatal(err)
 			}
 			a.expect("acquired true")
+			if took := time.Since(released); took > HandoffBound {
+				t.Fatalf("the first waiter: granted %v after the release (or later); want within %v", took, HandoffBound)
+			}
 			// A crash: the child's Locker must not release the key at its
 			// safe deadline (os.Exit under -race can take that long).
 			if err := a.cmd.Process.Kill(); err != nil {
