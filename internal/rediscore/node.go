@@ -18,12 +18,13 @@ const MinTTL = 10 * time.Millisecond
 // driver.Pinger on one Conn (a single node, a Cluster or a Sentinel-managed
 // master): one script, one round trip per call.
 type Node struct {
-	p      prefix // starts every error
-	c      Conn
-	o      Options
-	closed atomic.Bool
-	done   chan struct{} // closed by Close
-	retMS  string
+	p       prefix // starts every error
+	c       Conn
+	o       Options
+	closeMu sync.Mutex // orders enter against Close
+	closed  atomic.Bool
+	done    chan struct{} // closed by Close
+	retMS   string
 
 	// The fair queue (queue.go).
 	wid       string // this Node's id in queue elements and wake channel
@@ -32,7 +33,7 @@ type Node struct {
 	listening atomic.Bool
 	sharded   bool // a Cluster: PUBLISH counts only one node's subscribers
 	route     router
-	bg        sync.WaitGroup // clean-ups Close waits for (bounded)
+	bg        sync.WaitGroup // calls and clean-ups Close waits for (bounded)
 
 	// abandoned, when set (tests), is called with the outcome of an
 	// acquire whose caller gave up, once the clean-up is done.
@@ -127,6 +128,11 @@ func (n *Node) Acquire(ctx context.Context, key, owner string, ttl time.Duration
 	if err := n.check(ctx, key, owner, ttl, true, true); err != nil {
 		return 0, err
 	}
+	exit, ok := n.enter()
+	if !ok {
+		return 0, n.p.errorf("%w", driver.ErrClosed)
+	}
+	defer exit()
 	lock, counter, ch := Keys(n.o.Prefix, key)
 	keys := []string{lock, counter}
 	ms := ttlMS(n.Capabilities(), ttl)
@@ -249,13 +255,16 @@ func (n *Node) run(ctx context.Context, s *Script, keys []string, args ...string
 }
 
 // Refresh implements driver.Locker: one EVALSHA of RefreshScript; ErrNotHeld
-// if owner does not hold key (an expired lock is never revived).
+// if owner does not hold key (an expired lock is never revived). A refresh
+// to a shorter TTL than the lock had left tells its waiters (see
+// RefreshScript).
 func (n *Node) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := n.check(ctx, key, owner, ttl, true, true); err != nil {
 		return err
 	}
-	lock, _, _ := Keys(n.o.Prefix, key)
-	r, err := n.run(ctx, RefreshScript, []string{lock}, owner, ttlMS(n.Capabilities(), ttl))
+	lock, _, ch := Keys(n.o.Prefix, key)
+	ql, _ := QueueKeys(lock)
+	r, err := n.run(ctx, RefreshScript, []string{lock, ql}, owner, ttlMS(n.Capabilities(), ttl), ch, WakeChannel(n.o.Prefix, ""))
 	if err != nil {
 		return n.p.ctxErr(ctx, "refresh", err)
 	}
@@ -328,11 +337,27 @@ func (n *Node) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close ends waiting AcquireWait calls (driver.ErrClosed), gives their
-// clean-ups up to a second, and closes the Conn (if it owns its client).
-// It is idempotent; later calls of every method return driver.ErrClosed.
+// enter registers a call that Close waits for (with its clean-ups, see
+// background); exit ends it. ok is false once Close has begun.
+func (n *Node) enter() (exit func(), ok bool) {
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	if n.closed.Load() {
+		return nil, false
+	}
+	n.bg.Add(1)
+	return n.bg.Done, true
+}
+
+// Close ends waiting AcquireWait calls (driver.ErrClosed; each leaves the
+// queue first), gives them and the clean-ups of abandoned acquires up to a
+// second, and closes the Conn (if it owns its client). It is idempotent;
+// later calls of every method return driver.ErrClosed.
 func (n *Node) Close() error {
-	if n.closed.Swap(true) {
+	n.closeMu.Lock()
+	already := n.closed.Swap(true)
+	n.closeMu.Unlock()
+	if already {
 		return nil
 	}
 	close(n.done)

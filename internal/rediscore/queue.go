@@ -45,15 +45,17 @@ import (
 // out (the PTTL its attempt returned), so a holder that crashed is taken
 // over right after its TTL. A waiter that becomes first without a wake-up
 // (the one before it was granted the lock, left, or was dropped) is sent
-// a nudge, "<lock> <ms>" on its wake channel, with the holder's time left,
-// and re-arms its timer without a round trip.
+// a nudge, "{<ms>}<lock>" on its wake channel, with the holder's time
+// left, and re-arms its timer without a round trip; so is the first
+// waiter when its holder refreshes to a shorter TTL (RefreshScript).
 //
 // Entries live QueueTTL unless renewed; a waiter renews its entry every
 // QueueTTL/2 by running QueueAcquireScript again (which also joins again,
 // at the back, a waiter that was skipped). A waiter that was cut off stops
 // renewing: its entry, and a reservation made for it, lapse within
 // QueueTTL, and the waiter behind it, whose timer is set to that moment,
-// drops it and goes on. A cancelled wait removes its entry at once
+// drops it and goes on. A wait that ends for any other reason (its ctx
+// ended, its Node was closed, an error) removes its entry at once
 // (LeaveScript) and passes on a reservation it was given.
 //
 // Acquire (one attempt, TryAcquire) does not queue: it takes a free key,
@@ -262,18 +264,14 @@ func (r *router) add(lock string, q *queueWaiter) (remove func()) {
 }
 
 // deliver handles a message of the wake channel: "<lock>" wakes the
-// waiters of lock, "<lock> <ms>" (nudge) re-arms them to look again after
-// ms, and "" wakes every waiter.
+// waiters of lock, "{<ms>}<lock>" (nudge, see reserveLua) re-arms them to
+// look again after ms, and "" (or a message it cannot read) wakes every
+// waiter.
 func (r *router) deliver(payload string) {
-	lock, hint, nudged := strings.Cut(payload, " ")
+	lock, ms, nudged := parseWake(payload)
 	var d time.Duration
 	if nudged {
-		ms, err := strconv.ParseInt(hint, 10, 64)
-		if err != nil || ms < 0 {
-			nudged = false // not ours to parse: look again now
-		} else {
-			d = time.Duration(ms)*time.Millisecond + expirySlack + mrand.N(expirySlack)
-		}
+		d = time.Duration(ms)*time.Millisecond + expirySlack + mrand.N(expirySlack)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -303,6 +301,23 @@ func (r *router) deliver(payload string) {
 		default:
 		}
 	}
+}
+
+// parseWake reads a wake channel message (see deliver). A lock key never
+// starts with '{' (it starts with the prefix, which has no brace), and ms
+// is digits, so the first '}' ends it: the split holds whatever bytes the
+// key holds. lock is "" for "" and for a malformed nudge.
+func parseWake(payload string) (lock string, ms int64, nudged bool) {
+	rest, ok := strings.CutPrefix(payload, "{")
+	if !ok {
+		return payload, 0, false
+	}
+	hint, lock, ok := strings.Cut(rest, "}")
+	n, err := strconv.ParseInt(hint, 10, 64)
+	if !ok || err != nil || n < 0 || lock == "" {
+		return "", 0, false
+	}
+	return lock, n, true
 }
 
 // SetListener turns the fair queue on for n's waiting acquires
@@ -348,10 +363,12 @@ const (
 // first attempt that does not join and one that does). ctx bounds the
 // wait; when it ends the call returns an error wrapping ctx.Err() (and the
 // last transient error, if any) and, in the background, leaves the queue
-// and frees a grant made meanwhile. The first attempt's error is returned
-// at once; later transient errors (ErrUnavailable, a dropped connection)
-// are retried with backoff. Errors: driver.ErrInvalid for bad arguments,
-// driver.ErrClosed after Close.
+// and frees a grant made meanwhile. Close ends the wait with
+// driver.ErrClosed, once it has left the queue (and freed a grant made
+// meanwhile), before the Conn closes. The first attempt's error is
+// returned at once; later transient errors (ErrUnavailable, a dropped
+// connection) are retried with backoff. Errors: driver.ErrInvalid for bad
+// arguments, driver.ErrClosed after Close.
 func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration, subscribe func(context.Context) (<-chan struct{}, func(), error)) (uint64, error) {
 	if !n.Queued() {
 		return n.p.bargeWait(ctx, func(ctx context.Context) (uint64, error) { return n.Acquire(ctx, key, owner, ttl) }, subscribe)
@@ -359,95 +376,154 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 	if err := n.check(ctx, key, owner, ttl, true, true); err != nil {
 		return 0, err
 	}
+	exit, ok := n.enter()
+	if !ok {
+		return 0, n.p.errorf("acquire: %w", driver.ErrClosed)
+	}
+	defer exit()
+	w := n.newQueuedWait(key, owner, ttl)
+	defer n.route.add(w.lock, w.q)()
+	return w.run(ctx)
+}
+
+// queuedWait is one AcquireWait on the fair queue.
+type queuedWait struct {
+	n                     *Node
+	owner, lock, ch, wake string // wake: the wake channel prefix
+	keys                  []string
+	// args are QueueAcquireScript's: args[3] is the element, args[6] says
+	// whether to join.
+	args    []string
+	join    bool
+	q       *queueWaiter
+	retry   time.Duration
+	lastErr error
+}
+
+func (n *Node) newQueuedWait(key, owner string, ttl time.Duration) *queuedWait {
 	lock, counter, ch := Keys(n.o.Prefix, key)
 	ql, qz := QueueKeys(lock)
-	keys := []string{lock, counter, ql, qz}
-	// The element: "<wid>:<owner>" when this Node's wake channel is
-	// subscribed and PUBLISH counts its subscribers (not a Cluster), so
-	// that a release skips the entry once nobody listens; "~<wid>:<owner>"
-	// otherwise. Until the channel is subscribed, attempts do not join the
-	// queue; the element is fixed by the first attempt that does.
-	el := "~" + n.wid + ":" + owner
-	join := n.listening.Load()
-	if join && !n.sharded {
-		el = n.wid + ":" + owner
+	w := &queuedWait{n: n, owner: owner, lock: lock, ch: ch, wake: WakeChannel(n.o.Prefix, ""),
+		keys: []string{lock, counter, ql, qz}, q: newQueueWaiter(), retry: retryMin}
+	w.args = []string{owner, ttlMS(n.Capabilities(), ttl), n.retMS, "", strconv.FormatInt(n.o.QueueTTL.Milliseconds(), 10), w.wake, "0"}
+	w.setElement()
+	if n.listening.Load() {
+		w.setJoin()
 	}
-	prefix := WakeChannel(n.o.Prefix, "")
-	args := []string{owner, ttlMS(n.Capabilities(), ttl), n.retMS, el, strconv.FormatInt(n.o.QueueTTL.Milliseconds(), 10), prefix, "0"}
-	setJoin := func() {
-		join = true
-		args[6] = "1"
+	return w
+}
+
+// setElement sets the element: "<wid>:<owner>" when the Node's wake
+// channel is subscribed and PUBLISH counts its subscribers (not a
+// Cluster), so that a release skips the entry once nobody listens;
+// "~<wid>:<owner>" otherwise. Until the channel is subscribed, attempts do
+// not join the queue; the element is fixed by the first attempt that does.
+func (w *queuedWait) setElement() {
+	if w.n.listening.Load() && !w.n.sharded {
+		w.args[3] = w.n.wid + ":" + w.owner
+	} else {
+		w.args[3] = "~" + w.n.wid + ":" + w.owner
 	}
-	if join {
-		setJoin()
+}
+
+func (w *queuedWait) setJoin() {
+	w.join = true
+	w.args[6] = "1"
+}
+
+// leave takes the waiter out of the queue, passing on a reservation made
+// for it, and frees g if the attempt whose outcome it is created it.
+func (w *queuedWait) leave(g grant) {
+	n := w.n
+	if g.kind == grantCreated {
+		n.cleanup(w.lock, w.ch, w.owner, g.token)
 	}
-	leave := func(g grant) {
-		if g.kind == grantCreated {
-			n.cleanup(lock, ch, owner, g.token)
-		}
-		lctx, cancel := context.WithTimeout(context.Background(), min(n.detachedTimeout(), n.o.QueueTTL))
-		defer cancel()
-		_, _ = n.c.Run(lctx, LeaveScript, []string{lock, ql, qz}, el, ch, prefix)
-	}
-	qw := newQueueWaiter()
-	defer n.route.add(lock, qw)()
-	beat := n.o.QueueTTL / 2
-	retry := retryMin
-	var lastErr error
+	ctx, cancel := context.WithTimeout(context.Background(), min(n.detachedTimeout(), n.o.QueueTTL))
+	defer cancel()
+	ql, qz := w.keys[2], w.keys[3]
+	_, _ = n.c.Run(ctx, LeaveScript, []string{w.lock, ql, qz}, w.args[3], w.ch, w.wake)
+}
+
+// run is the waiting loop: an attempt, then a sleep until a wake-up, a
+// nudge's moment, the timer, ctx's end or Close.
+func (w *queuedWait) run(ctx context.Context) (uint64, error) {
+	n := w.n
 	for first := true; ; first = false {
-		drain(qw.wake)
-		drain(qw.rearm)
-		v, err, abandoned := n.runDetached(ctx, QueueAcquireScript, keys, args, leave)
+		if n.closed.Load() {
+			w.leave(grant{})
+			return 0, n.p.errorf("acquire: %w", driver.ErrClosed)
+		}
+		drain(w.q.wake)
+		drain(w.q.rearm)
+		v, err, abandoned := n.runDetached(ctx, QueueAcquireScript, w.keys, w.args, w.leave)
 		if abandoned {
-			return 0, n.p.waitErr(ctx, "acquire", lastErr)
+			return 0, n.p.waitErr(ctx, "acquire", w.lastErr)
 		}
 		g := n.p.parseGrant(v, err)
 		var wait time.Duration
 		switch g.kind {
 		case grantCreated, grantExisting:
+			if n.closed.Load() { // granted while Close runs: nobody will use it
+				w.leave(g)
+				return 0, n.p.errorf("acquire: %w", driver.ErrClosed)
+			}
 			return g.token, nil
 		case grantHeld:
-			retry = retryMin
-			if !n.listening.Load() {
-				err := n.listen(ctx)
-				if err != nil && ctx.Err() != nil {
-					n.background(func() { leave(grant{}) })
-					return 0, n.p.waitErr(ctx, "acquire", lastErr)
-				}
-				if join && err == nil {
-					continue // a wake-up sent before the subscription was missed: look again
-				}
-				// Without a wake channel a queued waiter looks again at
-				// the heartbeat.
+			var again bool
+			if wait, again, err = w.held(ctx, g); err != nil {
+				return 0, err
 			}
-			if !join {
-				if n.listening.Load() && !n.sharded {
-					el = n.wid + ":" + owner
-					args[3] = el
-				}
-				setJoin()
-				continue // join the queue now
-			}
-			wait = beat
-			if g.pttl > 0 && g.pttl+expirySlack < wait {
-				wait = g.pttl + expirySlack + mrand.N(expirySlack)
+			if again {
+				continue
 			}
 		default:
 			if first || errors.Is(g.err, driver.ErrInvalid) || errors.Is(g.err, driver.ErrClosed) || n.closed.Load() {
-				n.background(func() { leave(grant{}) })
+				n.background(func() { w.leave(grant{}) })
 				return 0, n.p.ctxErr(ctx, "acquire", g.err)
 			}
-			lastErr = g.err
-			wait = backoff(&retry)
+			w.lastErr = g.err
+			wait = backoff(&w.retry)
 		}
-		switch sleep(ctx, qw.wake, qw.rearm, n.done, wait) {
+		switch sleep(ctx, w.q.wake, w.q.rearm, n.done, wait) {
 		case ctxEnded:
-			n.background(func() { leave(grant{}) })
-			return 0, n.p.waitErr(ctx, "acquire", lastErr)
+			n.background(func() { w.leave(grant{}) })
+			return 0, n.p.waitErr(ctx, "acquire", w.lastErr)
 		case closedDone:
+			w.leave(grant{})
 			return 0, n.p.errorf("acquire: %w", driver.ErrClosed)
 		}
 	}
+}
+
+// held handles an attempt that found the key held: it subscribes the wake
+// channel first (again: look at once, a wake-up sent meanwhile was missed),
+// then joins the queue (again), then returns how long to sleep: until the
+// holder's TTL runs out if sooner than the heartbeat.
+func (w *queuedWait) held(ctx context.Context, g grant) (wait time.Duration, again bool, err error) {
+	n := w.n
+	w.retry = retryMin
+	if !n.listening.Load() {
+		err := n.listen(ctx)
+		if err != nil && ctx.Err() != nil {
+			n.background(func() { w.leave(grant{}) })
+			return 0, false, n.p.waitErr(ctx, "acquire", w.lastErr)
+		}
+		if w.join && err == nil {
+			return 0, true, nil
+		}
+		// Without a wake channel a queued waiter looks again at the
+		// heartbeat.
+	}
+	if !w.join {
+		w.setElement()
+		w.setJoin()
+		return 0, true, nil
+	}
+	wait = n.o.QueueTTL / 2
+	if g.pttl > 0 && g.pttl+expirySlack < wait {
+		wait = g.pttl + expirySlack + mrand.N(expirySlack)
+	}
+	return wait, false, nil
 }
 
 // runDetached runs s detached from ctx's cancellation. If ctx ends first it
@@ -482,7 +558,8 @@ func (n *Node) runDetached(ctx context.Context, s *Script, keys, args []string, 
 	}
 }
 
-// background runs f in a goroutine that Close waits for.
+// background runs f in a goroutine that Close waits for. Call it only
+// between enter and its exit.
 func (n *Node) background(f func()) {
 	n.bg.Add(1)
 	go func() {

@@ -172,23 +172,56 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 	start := time.Now()
 	ttl = r.Capabilities().RoundTTL(ttl)
 	lock, counter, ch := Keys(r.o.Prefix, key)
-	keys := []string{lock, counter}
-	ms := strconv.FormatInt(ttl.Milliseconds(), 10)
+	a := &redlockAttempt{r: r, start: start, ttl: ttl, owner: owner, lock: lock, ch: ch, keys: []string{lock, counter}}
+	res, err := a.vote(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	t := a.tally(res)
+	if t.granted >= r.q && ctx.Err() == nil {
+		return a.confirm(ctx, t)
+	}
+	return 0, a.refused(ctx, t, res)
+}
+
+// redlockAttempt is one Redlock.Acquire.
+type redlockAttempt struct {
+	r               *Redlock
+	start           time.Time
+	ttl             time.Duration // rounded
+	owner, lock, ch string
+	keys            []string // AcquireScript's
+}
+
+// redlockTally counts a round's outcomes.
+type redlockTally struct {
+	grants   []grant // per node
+	granted  int
+	held     []time.Duration // the PTTLs of the other owners' locks
+	failed   int
+	maxToken uint64
+}
+
+// vote runs AcquireScript on the gate, then, unless another owner holds
+// the key there, on every other node. The gate: every contender for key
+// first tries the same node (by a hash of key). Losers stop there, so
+// concurrent contenders do not split the vote and exactly one of them
+// wins; only the gate's winner (or everyone, when the gate does not
+// answer) goes on to the others. An error ends the attempt: the gate's
+// *driver.HeldError, or ctx's end (the round's grants are then cleaned up
+// in the background).
+func (a *redlockAttempt) vote(ctx context.Context, key string) ([]result, error) {
+	r := a.r
 	n := len(r.conns)
-	grants := make([]grant, n) // grantUnknown for nodes not asked
-	// The gate: every contender for key first tries the same node (by a
-	// hash of key). Losers stop there, so concurrent contenders do not
-	// split the vote and exactly one of them wins; only the gate's winner
-	// (or everyone, when the gate does not answer) goes on to the others.
+	ms := strconv.FormatInt(a.ttl.Milliseconds(), 10)
 	gate := r.gate(key)
 	res := make([]result, n)
-	if finish := r.acquireRound(ctx, []int{gate}, res, keys, owner, ms, r.retMS); finish != nil {
-		go r.abandon(ctx, finish, res, lock, ch, owner)
-		return 0, r.p.errorf("redlock acquire: %w", ctx.Err())
+	if finish := r.acquireRound(ctx, []int{gate}, res, a.keys, a.owner, ms, r.retMS); finish != nil {
+		go r.abandon(ctx, finish, res, a.lock, a.ch, a.owner)
+		return nil, r.p.errorf("redlock acquire: %w", ctx.Err())
 	}
-	grants[gate] = r.p.parseGrant(res[gate].v, res[gate].err)
-	if grants[gate].kind == grantHeld {
-		return 0, &driver.HeldError{Remaining: max(grants[gate].pttl, 0) + r.jitter()}
+	if g := r.p.parseGrant(res[gate].v, res[gate].err); g.kind == grantHeld {
+		return nil, &driver.HeldError{Remaining: max(g.pttl, 0) + r.jitter()}
 	}
 	others := make([]int, 0, n-1)
 	for i := range n {
@@ -196,80 +229,88 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 			others = append(others, i)
 		}
 	}
-	if finish := r.acquireRound(ctx, others, res, keys, owner, ms, r.retMS); finish != nil {
-		go r.abandon(ctx, finish, res, lock, ch, owner)
-		return 0, r.p.errorf("redlock acquire: %w", ctx.Err())
+	if finish := r.acquireRound(ctx, others, res, a.keys, a.owner, ms, r.retMS); finish != nil {
+		go r.abandon(ctx, finish, res, a.lock, a.ch, a.owner)
+		return nil, r.p.errorf("redlock acquire: %w", ctx.Err())
 	}
-	var (
-		granted  int
-		held     []time.Duration
-		failed   int
-		maxToken uint64
-	)
+	return res, nil
+}
+
+// tally parses every node's reply; a malformed one counts as failed, its
+// error kept in res.
+func (a *redlockAttempt) tally(res []result) redlockTally {
+	t := redlockTally{grants: make([]grant, len(res))}
 	for i, x := range res {
-		grants[i] = r.p.parseGrant(x.v, x.err)
-		switch gr := grants[i]; gr.kind {
+		t.grants[i] = a.r.p.parseGrant(x.v, x.err)
+		switch gr := t.grants[i]; gr.kind {
 		case grantUnknown:
-			failed++
+			t.failed++
 			if res[i].err == nil {
 				res[i].err = gr.err
 			}
 		case grantHeld:
-			held = append(held, gr.pttl)
+			t.held = append(t.held, gr.pttl)
 		default:
-			granted++
-			maxToken = max(maxToken, gr.token)
+			t.granted++
+			t.maxToken = max(t.maxToken, gr.token)
 		}
 	}
-	if granted >= r.q && ctx.Err() == nil {
-		// Write the grant's token back to the granting nodes.
-		tok := strconv.FormatUint(maxToken, 10)
-		cpx := strconv.FormatInt((ttl + r.o.TokenRetention).Milliseconds(), 10)
-		fres := r.each(ctx, FenceScript, keys, owner, tok, cpx)
-		fenced := 0
-		for _, x := range fres {
-			if v, ok := asInt(x.v); ok && v == 1 && x.err == nil {
-				fenced++
-			}
+	return t
+}
+
+// confirm completes a quorum of grants: it writes the grant's token back
+// to the granting nodes and checks the validity left; on failure it
+// deletes what the attempt created.
+func (a *redlockAttempt) confirm(ctx context.Context, t redlockTally) (uint64, error) {
+	r := a.r
+	tok := strconv.FormatUint(t.maxToken, 10)
+	cpx := strconv.FormatInt((a.ttl + r.o.TokenRetention).Milliseconds(), 10)
+	fres := r.each(ctx, FenceScript, a.keys, a.owner, tok, cpx)
+	fenced := 0
+	for _, x := range fres {
+		if v, ok := asInt(x.v); ok && v == 1 && x.err == nil {
+			fenced++
 		}
-		drift := time.Duration(float64(ttl)*r.o.DriftFactor) + redlockDriftFixed
-		validity := ttl - time.Since(start) - drift
-		if fenced >= r.q && validity > 0 && ctx.Err() == nil {
-			return maxToken, nil
-		}
-		if err := ctx.Err(); err != nil {
-			go r.cleanup(ctx, lock, ch, owner, grants, maxToken)
-			return 0, r.p.errorf("redlock acquire: %w", err)
-		}
-		r.cleanup(ctx, lock, ch, owner, grants, maxToken)
-		if fenced < r.q {
-			return 0, r.p.errorf("redlock acquire: token write-back reached %d of %d nodes (quorum %d): %w: %v", fenced, n, r.q, driver.ErrUnavailable, firstErr(fres))
-		}
-		return 0, &driver.HeldError{Remaining: r.jitter()}
 	}
-	// No quorum: delete what this attempt created.
+	drift := time.Duration(float64(a.ttl)*r.o.DriftFactor) + redlockDriftFixed
+	validity := a.ttl - time.Since(a.start) - drift
+	if fenced >= r.q && validity > 0 && ctx.Err() == nil {
+		return t.maxToken, nil
+	}
 	if err := ctx.Err(); err != nil {
-		go r.cleanup(ctx, lock, ch, owner, grants, 0)
+		go r.cleanup(ctx, a.lock, a.ch, a.owner, t.grants, t.maxToken)
 		return 0, r.p.errorf("redlock acquire: %w", err)
 	}
-	r.cleanup(ctx, lock, ch, owner, grants, 0)
-	if len(held) >= n-r.q+1 {
+	r.cleanup(ctx, a.lock, a.ch, a.owner, t.grants, t.maxToken)
+	if fenced < r.q {
+		return 0, r.p.errorf("redlock acquire: token write-back reached %d of %d nodes (quorum %d): %w: %v", fenced, len(r.conns), r.q, driver.ErrUnavailable, firstErr(fres))
+	}
+	return 0, &driver.HeldError{Remaining: r.jitter()}
+}
+
+// refused ends an attempt without a quorum (or whose ctx ended): it
+// deletes what the attempt created and says why.
+func (a *redlockAttempt) refused(ctx context.Context, t redlockTally, res []result) error {
+	r := a.r
+	n := len(r.conns)
+	if err := ctx.Err(); err != nil {
+		go r.cleanup(ctx, a.lock, a.ch, a.owner, t.grants, 0)
+		return r.p.errorf("redlock acquire: %w", err)
+	}
+	r.cleanup(ctx, a.lock, a.ch, a.owner, t.grants, 0)
+	if len(t.held) >= n-r.q+1 {
 		// Other owners hold a quorum: wait until enough of them expire
 		// that the rest of the nodes form a quorum.
-		slices.Sort(held)
-		k := len(held) - (n - r.q) // holders that must expire
-		rem := held[k-1]
-		if rem <= 0 {
-			rem = 0
-		}
-		return 0, &driver.HeldError{Remaining: rem + r.jitter()}
+		slices.Sort(t.held)
+		k := len(t.held) - (n - r.q) // holders that must expire
+		return &driver.HeldError{Remaining: max(t.held[k-1], 0) + r.jitter()}
 	}
-	if failed >= n-r.q+1 {
-		return 0, AsUnavailable(r.p.errorf("redlock acquire: no quorum: %d of %d nodes granted, %d held by another owner, %d failed (quorum %d): %w",
-			granted, n, len(held), failed, r.q, firstErr(res)))
+	if t.failed >= n-r.q+1 {
+		return AsUnavailable(r.p.errorf("redlock acquire: no quorum: %d of %d nodes granted, %d held by another owner, %d failed (quorum %d): %w",
+			t.granted, n, len(t.held), t.failed, r.q, firstErr(res)))
 	}
 	// Split vote between contenders: retry after a random delay.
-	return 0, &driver.HeldError{Remaining: r.jitter()}
+	return &driver.HeldError{Remaining: r.jitter()}
 }
 
 // cleanup undoes a failed or abandoned acquire, even if ctx is done, without
@@ -414,8 +455,9 @@ func (r *Redlock) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 		return err
 	}
 	ttl = r.Capabilities().RoundTTL(ttl)
-	lock, _, _ := Keys(r.o.Prefix, key)
-	res := r.each(ctx, RefreshScript, []string{lock}, owner, strconv.FormatInt(ttl.Milliseconds(), 10))
+	lock, _, ch := Keys(r.o.Prefix, key)
+	ql, _ := QueueKeys(lock)
+	res := r.each(ctx, RefreshScript, []string{lock, ql}, owner, strconv.FormatInt(ttl.Milliseconds(), 10), ch, WakeChannel(r.o.Prefix, ""))
 	ok, notHeld := 0, 0
 	for _, x := range res {
 		if x.err != nil {

@@ -78,18 +78,29 @@ end
 `
 
 // RefreshScript resets the TTL of a lock its owner holds. It never revives
-// an expired key: an absent key is simply not held.
+// an expired key: an absent key is simply not held. A refresh to a shorter
+// TTL than the key had left (a release under a minimum hold, or a manual
+// Refresh) tells the waiters at once, since the key may now become free
+// sooner than they were told: the first waiter of the fair queue gets a
+// nudge with the new TTL (see reserveLua), and the key's channel a
+// message, so that barging waiters look again and learn the new TTL.
 //
-//	KEYS[1] lock key
-//	ARGV[1] owner, ARGV[2] ttl in ms
+//	KEYS[1] lock key, KEYS[2] queue list
+//	ARGV[1] owner, ARGV[2] ttl in ms, ARGV[3] the key's channel,
+//	ARGV[4] wake channel prefix
 //
 // Reply: 1 when refreshed, 0 when owner does not hold the lock.
-var RefreshScript = newScript("refresh", `
+var RefreshScript = newScript("refresh", reserveLua+`
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 2) ~= 'q:' then
   local i = string.find(v, ':', 1, true)
   if i and string.sub(v, i + 1) == ARGV[1] then
+    local before = redis.call('PTTL', KEYS[1])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    if before > tonumber(ARGV[2]) then
+      nudge(KEYS[2], ARGV[4], ARGV[2])
+      redis.call('PUBLISH', ARGV[3], '1')
+    end
     return 1
   end
 end
@@ -117,14 +128,21 @@ return 0
 //
 // nudge(l, wake, ms) tells the first waiter of the list l, which became
 // first without being woken (the one before it was granted the lock or
-// left), that the lock is held for ms more: the message "<lock> <ms>" on
-// its wake channel sets its next look to then, with no round trip, so
-// that it notices at once a holder that stops renewing.
+// left) or whose holder shortened its TTL, that the lock is held for ms
+// more: the message "{<ms>}<lock>" on its wake channel sets its next look
+// to then, with no round trip, so that it notices at once a holder that
+// stops renewing. A wake-up is the lock key alone. The two cannot be
+// confused whatever bytes the key and the prefix hold: a lock key starts
+// with the prefix, which is never empty and has no brace, and ms, digits
+// only, ends at the first '}'.
 const reserveLua = `
 local function millis(t)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- wid(h) is the Node id of the element h ("<wid>:<owner>" or
+-- "~<wid>:<owner>"): hex, so the first colon ends it, whatever the owner
+-- holds.
 local function wid(h)
   local w = string.sub(h, 1, string.find(h, ':', 1, true) - 1)
   if string.sub(w, 1, 1) == '~' then return string.sub(w, 2), false end
@@ -152,7 +170,7 @@ end
 local function nudge(l, wake, ms)
   local h = redis.call('LINDEX', l, 0)
   if h then
-    redis.call('PUBLISH', wake .. wid(h), KEYS[1] .. ' ' .. ms)
+    redis.call('PUBLISH', wake .. wid(h), '{' .. ms .. '}' .. KEYS[1])
   end
 end
 `

@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,12 +26,14 @@ import (
 type Deployment struct {
 	URL     string
 	Servers []*redistest.Server
+	// Prefix is the key prefix URL sets; "" for the default.
+	Prefix string
 }
 
 // queueLen returns the number of waiters queued for key (LLEN of its
 // queue list, on whichever server holds it).
 func (d Deployment) queueLen(t testing.TB, key string) int64 {
-	lock, _, _ := rediscore.Keys("", key)
+	lock, _, _ := rediscore.Keys(d.Prefix, key)
 	ql, _ := rediscore.QueueKeys(lock)
 	var n int64
 	for _, s := range d.Servers {
@@ -43,7 +47,7 @@ func (d Deployment) queueLen(t testing.TB, key string) int64 {
 
 // queueHead returns the first element of key's queue, or "".
 func (d Deployment) queueHead(t testing.TB, key string) string {
-	lock, _, _ := rediscore.Keys("", key)
+	lock, _, _ := rediscore.Keys(d.Prefix, key)
 	ql, _ := rediscore.QueueKeys(lock)
 	for _, s := range d.Servers {
 		if v, err := s.Do("LINDEX", ql, "0"); err == nil {
@@ -57,7 +61,7 @@ func (d Deployment) queueHead(t testing.TB, key string) string {
 
 // queueKeys returns how many of key's queue keys exist.
 func (d Deployment) queueKeys(key string) int64 {
-	lock, _, _ := rediscore.Keys("", key)
+	lock, _, _ := rediscore.Keys(d.Prefix, key)
 	ql, qz := rediscore.QueueKeys(lock)
 	var n int64
 	for _, s := range d.Servers {
@@ -429,15 +433,27 @@ func FairChurn(t *testing.T, d Deployment, n int, dur time.Duration) {
 	})
 }
 
-// Child process support for FairKilledWaiter.
+// Child process support for FairKilledWaiter and the crashed holders of
+// OddKeys and FairFreed.
 const (
-	childURLEnv = "LOCKER_FAIR_CHILD_URL"
-	childKeyEnv = "LOCKER_FAIR_CHILD_KEY"
+	childURLEnv  = "LOCKER_FAIR_CHILD_URL"
+	childKeyEnv  = "LOCKER_FAIR_CHILD_KEY"   // Go-quoted
+	childOwnEnv  = "LOCKER_FAIR_CHILD_OWNER" // optional, Go-quoted
+	childTTLEnv  = "LOCKER_FAIR_CHILD_TTL"   // optional, a time.Duration
+	childModeEnv = "LOCKER_FAIR_CHILD_MODE"  // "" (wait) or "hold"
 )
 
-// MaybeChild runs the queued waiter of FairKilledWaiter when the test
-// binary was started as that child, and exits; otherwise it returns at
-// once. Call it first in TestMain.
+// MaybeChild runs the child of FairKilledWaiter and of crashed holders
+// when the test binary was started as one, and exits; otherwise it returns
+// at once. Call it first in TestMain.
+//
+// The default child prints "waiting", waits for the key (Acquire), prints
+// "acquired" and exits without releasing. The "hold" child prints "ready",
+// reads a line, takes the key (TryAcquire, no renewal), prints "held",
+// then reads one more line: "refresh <duration>" refreshes to that TTL and
+// prints "refreshed"; anything else does nothing; then it exits without
+// releasing. For a crash, kill the child once it printed what it did: a
+// child still exiting could release the key at its safe deadline.
 func MaybeChild() {
 	u := os.Getenv(childURLEnv)
 	if u == "" {
@@ -448,10 +464,89 @@ func MaybeChild() {
 		fmt.Println("open:", err)
 		os.Exit(1)
 	}
-	fmt.Println("waiting")
-	lk, err := l.Acquire(context.Background(), os.Getenv(childKeyEnv))
-	fmt.Println("acquired", lk != nil, err)
+	opts := []locker.Option{locker.WithAutoRenew(false)}
+	if o, err := strconv.Unquote(os.Getenv(childOwnEnv)); err == nil {
+		opts = append(opts, locker.WithOwner(o))
+	}
+	if d, err := time.ParseDuration(os.Getenv(childTTLEnv)); err == nil {
+		opts = append(opts, locker.WithTTL(d))
+	}
+	key, _ := strconv.Unquote(os.Getenv(childKeyEnv))
+	if os.Getenv(childModeEnv) != "hold" {
+		fmt.Println("waiting")
+		lk, err := l.Acquire(context.Background(), key, opts...)
+		fmt.Println("acquired", lk != nil, err)
+		os.Exit(0)
+	}
+	in := bufio.NewScanner(os.Stdin)
+	fmt.Println("ready")
+	in.Scan()
+	lk, err := l.TryAcquire(context.Background(), key, opts...)
+	if err != nil {
+		fmt.Println("acquire:", err)
+		os.Exit(1)
+	}
+	fmt.Println("held")
+	in.Scan()
+	if d, ok := strings.CutPrefix(in.Text(), "refresh "); ok {
+		ttl, _ := time.ParseDuration(d)
+		fmt.Println("refreshed", lk.Refresh(context.Background(), ttl))
+	}
 	os.Exit(0)
+}
+
+// child is a test binary started as MaybeChild's child.
+type child struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	in    io.Writer
+	lines *bufio.Scanner
+}
+
+// startChild starts a child (see MaybeChild) with the given environment
+// (NAME=value pairs added to the child constants'); it is killed at the
+// end of the test.
+func startChild(t *testing.T, env ...string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return &child{t: t, cmd: cmd, in: in, lines: bufio.NewScanner(out)}
+}
+
+// expect fails unless the child's next line starts with want.
+func (c *child) expect(want string) {
+	c.t.Helper()
+	if !c.lines.Scan() || !strings.HasPrefix(c.lines.Text(), want) {
+		c.t.Fatalf("child: %q, want %q", c.lines.Text(), want)
+	}
+}
+
+// kill kills the child: a crash.
+func (c *child) kill() {
+	c.t.Helper()
+	if err := c.cmd.Process.Kill(); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// say sends the child a line.
+func (c *child) say(line string) {
+	c.t.Helper()
+	if _, err := io.WriteString(c.in, line+"\n"); err != nil {
+		c.t.Fatal(err)
+	}
 }
 
 // waitUnheard waits until nobody listens on the wake channel of queue
@@ -505,20 +600,9 @@ func FairKilledWaiter(t *testing.T, d Deployment, queueTTL time.Duration, gone b
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childURLEnv+"="+d.URL, childKeyEnv+"="+key)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	lines := bufio.NewScanner(out)
-	if !lines.Scan() || lines.Text() != "waiting" {
-		t.Fatalf("child: %q", lines.Text())
-	}
+	c := startChild(t, childURLEnv+"="+d.URL, childKeyEnv+"="+strconv.Quote(key))
+	c.expect("waiting")
+	cmd := c.cmd
 	waitFor(t, 10*time.Second, "the child in the queue", func() bool { return d.queueLen(t, key) == 1 })
 	el := d.queueHead(t, key)
 	if sure := !strings.HasPrefix(el, "~"); sure != gone {
