@@ -65,6 +65,16 @@
 // it, driver.HoldWatcher), CauseClosed (Locker.Close) and CauseMaxHold
 // (WithMaxHold). Do's context has the same error as its cause.
 //
+// # Semaphores and read-write locks
+//
+// Locker.Semaphore(key, n) admits at most n holders of key at once, and
+// Locker.RWMutex(key) any number of readers or one writer, writers
+// preferred. Each hold is a Lock with its own lease, token and loss signal;
+// the mutex, the semaphore and the read-write lock on one key are three
+// different locks. They need a driver that implements driver.SharedLocker:
+// for now only drivers/mem does, and on any other every call fails before
+// any I/O with an error matching errors.ErrUnsupported.
+//
 // # Lease policy
 //
 // WithMaxHold bounds how long a lock is held, however long the work runs:

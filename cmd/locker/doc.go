@@ -40,6 +40,11 @@
 //	                 see "Max and min hold" below
 //	--min-hold D     keep the key taken until D after the grant even if the
 //	                 command ends sooner (default 0: release at once)
+//	--limit N        let at most N runs hold KEY at once: take one of the N
+//	                 permits of the semaphore KEY (a lock apart from the
+//	                 mutex KEY) instead of the lock; N from 1 to 1024, else
+//	                 exit 125 before any I/O. Only the mem driver has
+//	                 semaphores for now; the others exit 125 saying so
 //	-v               say what locker is doing, on stderr
 //
 // The command is looked up before the lock is taken, so a typo never holds
@@ -132,7 +137,7 @@
 //
 // # locker status
 //
-//	locker status [--url URL] [-o text|json] KEY
+//	locker status [--url URL] [-o text|json] [--limit N] KEY
 //
 // prints the holder (its owner string), the fencing token and the remaining
 // TTL of KEY and exits 0, or prints that KEY is free and exits 1. It exits
@@ -156,6 +161,12 @@
 //
 //	{"key":"job","reachable":true,"held":true,"holder":"5f0e…","token":42,"remaining_ms":29417}
 //	{"key":"job","reachable":false,"error":"open: redis: 127.0.0.1:6379: ROLE: server unreachable: …"}
+//
+// With --limit N it shows the semaphore KEY of N permits instead (N as for
+// locker run): every holder with its token and remaining TTL, exit 0 when
+// any permit is held and 1 when none is. Its JSON has, in place of holder,
+// token and remaining_ms, the fields limit (N) and holders, a list of
+// objects with those three fields.
 //
 // # locker bench
 //

@@ -39,15 +39,18 @@ func main() {
 
 const usageText = `usage:
   locker run    [--url URL] [--ttl D] [--wait D] [--on-lost term|kill|ignore] [--grace D]
-                [--max-hold D] [--min-hold D] [-v] KEY -- COMMAND [ARGS...]
+                [--max-hold D] [--min-hold D] [--limit N] [-v] KEY -- COMMAND [ARGS...]
   locker run    --elect VALUE [--url URL] [--ttl D] [--on-lost …] [--grace D] [--max-hold D] [-v]
                 KEY -- COMMAND [ARGS...]
-  locker status [--url URL] [-o text|json] [-v] KEY
+  locker status [--url URL] [-o text|json] [--limit N] [-v] KEY
   locker leader [--url URL] [-o text|json] [--watch] [-v] KEY
   locker bench  [--url URL] [--workers N] [--duration D] [--hold H] [--ttl D] [--key KEY] [-v]
   locker drivers
 
 URL defaults to $LOCKER_URL, else file:// (lock files in a local directory).
+--limit N makes KEY a semaphore of N permits: at most N runs at once. N must be
+1 to 1024, else exit 125; only the mem driver has semaphores for now, the
+others exit 125 saying so.
 Run "locker COMMAND -h" for a command's flags. Exit codes: the command's own;
 122 backend unavailable; 123 lock lost; 124 lock not acquired; 125 usage,
 configuration or other backend error; 126 command not executable; 127

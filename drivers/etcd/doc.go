@@ -9,9 +9,10 @@
 // As every driver of this module (see docs/writing-a-driver.md), the
 // package has two constructors: Open builds the client from a URL, and New
 // adopts a *clientv3.Client the program already has (Close then leaves that
-// client open), with the settings of the URL's path and parameters that do
-// not concern the connection in an Options (nil means the defaults: prefix
-// "/locker", request_timeout 10s, min_ttl 2s):
+// client open, and New makes no request), with the settings of the URL's
+// path and parameters that do not concern the connection in an Options
+// (nil means the defaults: Prefix DefaultPrefix "/locker", MinTTL 2s,
+// RequestTimeout 10s). Open gives up when its context is done:
 //
 //	d, err := etcd.Open(ctx, "etcd://10.0.0.1:2379/myapp")
 //	d, err := etcd.New(ctx, client, &etcd.Options{Prefix: "/myapp"})
@@ -28,13 +29,15 @@
 // cluster shows up as errors from the first calls.
 //
 // The path is the key prefix, so several applications can share a cluster:
-// "/myapp" (the default is "/locker"). It must be "/" followed by non-empty
-// segments other than "." and "..", of printable characters without spaces;
-// a trailing "/" is ignored. A lock on key K is the etcd key prefix+"/l/"+K;
+// "/myapp" (the default is "/locker"). It is "/" followed by segments, each
+// any non-empty bytes (keys and prefixes are opaque) other than ".", "..",
+// "l" and "w", the names of the driver's own key spaces, so no key under one
+// prefix is a key under another; a trailing "/" is ignored. A lock on key K is the etcd key prefix+"/l/"+K;
 // processes waiting for K queue under prefix+"/w/"+len(K)+":"+K+"/".
 //
 // Query parameters (any other is an error wrapping driver.ErrInvalid, as is
-// a parameter given twice):
+// a parameter or an endpoint given twice, and tls=false with any of the TLS
+// parameters):
 //
 //	dial_timeout=5s         bound on connecting (and authenticating)
 //	request_timeout=10s     bound on each request (a sooner context deadline wins)

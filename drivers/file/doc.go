@@ -11,8 +11,9 @@
 //
 // As every driver of this module (see docs/writing-a-driver.md), the
 // package has two constructors: Open takes a URL, and New takes the
-// directory itself, with an Options (nil means the defaults: the perm
-// parameter, 0600):
+// directory itself (an absolute path; "" means DefaultDir(), and a relative
+// path is an error wrapping driver.ErrInvalid), with an Options (nil means
+// the defaults: Perm DefaultPerm, 0600, like the perm parameter):
 //
 //	d, err := file.Open(ctx, "file:///var/lock/app")
 //	d, err := file.New(ctx, "/var/lock/app", nil)

@@ -19,9 +19,18 @@
 // behave like separate processes talking to one server. Any other part in
 // the URL (user, port, path, query) is an error wrapping driver.ErrInvalid.
 //
-// In Go code, Open(ctx, "mem://NAME") returns a *Locker, and
-// New(ctx, NewStore(), nil) (or NewStore().Locker()) a client of a store
-// private to the caller.
+// In Go code, Open(ctx, "mem://NAME") returns a *Locker of that store
+// (Open(ctx, "") or "mem://" the default store), and New(ctx, s, opts) a
+// *Locker of a store s the caller made with NewStore (NewStore().Locker()
+// is the same): a nil s is an error wrapping driver.ErrInvalid, and
+// Options has no fields yet, so nil means the defaults.
+//
+// mem is, for now, the only driver with shared holds
+// (driver.SharedLocker), behind package locker's Semaphore and RWMutex: a
+// store keeps each semaphore and read-write lock apart from the mutex on
+// the same key, serves their waiters in arrival order, and wakes only the
+// waiters it can grant; a waiting writer blocks the reads that arrive
+// after it.
 package mem
 
 import (

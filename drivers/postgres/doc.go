@@ -13,13 +13,15 @@
 //	l, err := locker.OpenURL("postgres://app@pgbouncer:6432/app?mode=lease")
 //
 // As every driver of this module (see docs/writing-a-driver.md), the
-// package has two constructors: Open builds everything from a URL, and New
-// adopts a *pgxpool.Pool the program already has, with the same settings as
-// an Options (nil means the defaults: advisory mode, schema "public",
-// namespace "locker"):
+// package has two constructors, and one Locker type for both modes. Open
+// builds everything from a URL, in the mode the URL names (as Driver.Open
+// and locker.OpenURL do); New adopts a *pgxpool.Pool the program already
+// has, in the mode its Options name (nil Options means the defaults:
+// advisory mode, schema DefaultSchema, namespace DefaultNamespace):
 //
 //	d, err := postgres.Open(ctx, "postgres://app@db:5432/app?mode=lease")
-//	d, err := postgres.New(ctx, pool, &postgres.Options{Mode: "lease", Schema: "locks"})
+//	d, err := postgres.New(ctx, pool, &postgres.Options{Schema: "locks"})
+//	d, err := postgres.New(ctx, pool, &postgres.Options{Mode: postgres.ModeLease})
 //	l := locker.New(d)
 //
 // PostgreSQL 14 or later is required (idle_session_timeout).
@@ -44,13 +46,15 @@
 //
 //	                                advisory                 lease
 //	connections                     one per held lock and    a pool shared by all locks, plus one
-//	                                per waiting key          listener per Locker
+//	                                per waiting key, plus    listener per Locker
+//	                                one probe per Locker
+//	                                while a lock is watched
 //	statements                      acquire+release 2,       one per acquire, refresh, release or
 //	                                refresh 1, refused       refused acquire
 //	                                acquire 2
 //	handoff to a waiting process    in the server's lock     a NOTIFY to the waiter's listener;
-//	                                manager                  through a pooler, package locker's
-//	                                                         retry backoff
+//	                                manager                  through a pooler, a retry at the
+//	                                                         holder's TTL and backoff
 //	storage                         nothing                  one row per key in use, swept once
 //	                                                         expired for LeaseSweepAge
 //
@@ -126,24 +130,25 @@
 // its token and its expiry are
 // flushed to the WAL before the reply (synchronous_commit is raised to
 // "local" for the statement where it is off). Each lease-mode Locker
-// deletes rows
-// expired for longer than LeaseSweepAge every LeaseSweepInterval (a scan
-// of the table). Through a pooler (detected as for ErrPooler) statements
+// deletes rows expired for longer than Options.SweepAge (default
+// LeaseSweepAge) every Options.SweepInterval (default LeaseSweepInterval),
+// a scan of the table. Through a pooler (detected as for ErrPooler) statements
 // use no named prepared statement.
 //
-// Waits: Release notifies the channel "locker_lease" with the key's id,
-// and one listener connection per Locker (outside the pool) LISTENs
-// for every key its callers wait for; expiry needs no
-// notification, since Acquire reports the holder's remaining TTL and
-// package locker retries then. Behind a transaction-mode pooler LISTEN
-// does not work: Subscribe returns ErrListenPooler and Driver.Open returns
-// a Locker without it, so waits fall back to the holder's TTL and package
-// locker's backoff. There is no
-// HoldWatcher: a lost lease is learned at the next renewal or the safe
-// deadline, which the server's expiry never precedes.
+// Waits (AcquireWait): Release notifies the channel "locker_lease" with
+// the key's id, and one listener connection per lease-mode Locker
+// (outside the pool) LISTENs for every key its callers wait for; expiry
+// needs no notification, since Acquire reports the holder's remaining TTL
+// and AcquireWait retries at the holder's remaining TTL (and at the latest
+// every 2s). Behind a transaction-mode pooler LISTEN does not work, so
+// AcquireWait retries at the holder's remaining TTL and with backoff from
+// 5ms to 500ms, as it does while the server cannot be reached. In lease
+// mode WatchHold returns an error matching errors.ErrUnsupported: a lost
+// lease is learned at the next renewal or the safe deadline, which the
+// server's expiry never precedes.
 //
 // Limits of the lease mode: a lease lost to expiry is learned at the next
-// renewal or by the holder's safe deadline, never sooner (no HoldWatcher);
+// renewal or by the holder's safe deadline, never sooner (no hold watch);
 // expiry is judged by the server's wall clock, so a step of that clock
 // (not a gradual adjustment) moves every expiry by the step; a takeover
 // draws its token after locking the row, but an insert draws it just
@@ -220,11 +225,19 @@
 // A session that ends for any reason other than its idle timer frees its
 // lock at once, before the TTL. The Locker watches every lock held through
 // package locker (driver.HoldWatcher, Linux): the pinned socket sits in an
-// epoll set for its peer-closed, hang-up and error conditions, which costs
-// no traffic and no statement, and Lost() closes as soon as the socket
-// reports the end: within milliseconds of pg_terminate_backend, a
-// connection reset, a server crash or an immediate shutdown
-// (docs/backends/postgres.md has the measurements). A waiter may be granted
+// epoll set for its peer-closed, hang-up and error conditions, which by
+// itself costs no traffic and no statement, and Lost() closes as soon as
+// the socket reports the end: within milliseconds of pg_terminate_backend,
+// a connection reset, a server crash or an immediate shutdown
+// (docs/backends/postgres.md has the measurements).
+//
+// A half-open connection (the server's side reset while the client's
+// stays open and silent, as behind a proxy whose backend died) reports
+// nothing on the socket. For it, while any lock of a Locker is watched, a
+// session probe runs one statement every 200ms, on a connection of its own
+// (outside the pool, closed after 30s without a watched lock), that looks
+// up in pg_locks whether each watched lock's session still holds it; Lost()
+// closes within about a second of the server ending such a session. A waiter may be granted
 // the lock a few milliseconds before the old holder hears of the loss: the
 // holder's writes in that window are the ones fencing tokens exist for. A
 // network partition does not end the session early: the server frees the
@@ -234,7 +247,8 @@
 // # Connections
 //
 // Every held lock pins one connection, and so does every waiter blocked in
-// the server (package locker uses one per key per Locker). Size
+// the server (package locker uses one per key per Locker); a Locker with a
+// watched lock adds one probe connection, outside the pool. Size
 // pool_max_conns and the server's max_connections for the number of locks
 // held at once plus waiters. Past max_connections Acquire fails at once with
 // the server's "too many clients" error; past pool_max_conns it waits for a

@@ -67,8 +67,8 @@
 //
 // cluster=true together with sentinel_master is an error.
 //
-// Open checks the deployment with one round trip (bounded by dial_timeout +
-// read_timeout) and fails with an error naming the address and the cause:
+// Open checks the deployment with one round trip (bounded by its context
+// and by dial_timeout + read_timeout) and fails with an error naming the address and the cause:
 // "server unreachable", "authentication failed", "TLS handshake failed",
 // "no valid Redis reply (is this a Redis server? …)". For single-node and Redlock URLs it runs ROLE and
 // refuses a replica (an error wrapping driver.ErrInvalid), since a lock

@@ -43,10 +43,11 @@
 // context) and are rejected as unknown. IPv6 literals are written in
 // brackets ([::1]:6379).
 //
-// Open connects at once (rueidis dials eagerly) and fails with an error
-// naming the address and the cause: "server unreachable", "authentication
-// failed", "no Redis answer on this port (not a Redis server, or TLS
-// mismatch?)", "no answer within dial_timeout". cluster=true on a server
+// Open connects at once (rueidis dials eagerly), within its context, and
+// fails with an error naming the address and the cause: "server
+// unreachable", "authentication failed", "no Redis answer on this port
+// (not a Redis server, or TLS mismatch?)", "no answer within
+// dial_timeout". cluster=true on a server
 // without cluster mode is refused. A Redlock URL opens when a quorum of its
 // masters answers; the others are dialled again in the background when
 // used.

@@ -2,7 +2,8 @@
 // (go-redis) and drivers/rueidis: the Lua scripts, key naming, the
 // single-deployment Node, the Redlock quorum logic, a subscription Hub and
 // the URL format both drivers parse (ParseURL, Options), and Locker, the
-// complete driver.Locker both drivers' Lockers embed. Each driver
+// complete driver.Locker that both drivers' Lockers wrap, declaring their
+// own methods (so go doc lists them) that call it. Each driver
 // implements Conn for its client and a Waiter (and, where it can, feeds a
 // HoldWatch), and is otherwise a thin adapter: URL to client. Every error
 // of a Locker starts with its driver's name ("redis: ", "rueidis: ").
