@@ -141,11 +141,6 @@ func (l *Locker) attempt(ctx context.Context, key string, o options) (*Lock, tim
 	return lk, 0, err
 }
 
-// adopt is adoptAt with the grant known now.
-func (l *Locker) adopt(key string, o options, token uint64, start time.Time) (*Lock, error) {
-	return l.adoptAt(key, o, token, start, time.Now())
-}
-
 // adoptAt turns a grant into a tracked Lock and starts its deadline and
 // renewal. start is when the call the safe deadline counts from was sent
 // (the granting call, or a refresh right after it); granted is when the

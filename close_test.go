@@ -335,3 +335,35 @@ func raceClose(t *testing.T, b raceBackend, r closeRace) {
 		}
 	}
 }
+
+// Close from several goroutines at once: every call returns only once the
+// Locker's locks are released and its driver closed, and the later ones
+// return nil.
+func TestConcurrentClose(t *testing.T) {
+	st := mem.NewStore()
+	free := memBackends()[0].free
+	ctx := ctxT(t, 30*time.Second)
+	for round := range 50 {
+		l := locker.New(newNetMem(st))
+		key := fmt.Sprintf("concurrent-close/%d", round)
+		if _, err := l.TryAcquire(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		const closers = 4
+		errs := make(chan error, closers)
+		for range closers {
+			go func() {
+				if err := l.Close(); err != nil {
+					errs <- fmt.Errorf("Close: %w", err)
+					return
+				}
+				errs <- free(t, key)
+			}()
+		}
+		for range closers {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+	}
+}

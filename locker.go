@@ -118,6 +118,7 @@ type Locker struct {
 	// cancelled once Close has released the locks it holds: a Release
 	// still in flight then is cut short too.
 	closing     chan struct{}
+	closeDone   chan struct{} // closed when Close has finished
 	life, grace context.Context
 	endLife     context.CancelCauseFunc
 	endGrace    context.CancelCauseFunc
@@ -156,11 +157,12 @@ func newLocker(d driver.Locker, driverName string, opts []OpenOption) *Locker {
 		}
 	}
 	l := &Locker{
-		tel:     newTelemetry(driverName, c),
-		drv:     d,
-		closing: make(chan struct{}),
-		held:    map[*Lock]struct{}{},
-		queues:  map[string]*keyQueue{},
+		tel:       newTelemetry(driverName, c),
+		drv:       d,
+		closing:   make(chan struct{}),
+		closeDone: make(chan struct{}),
+		held:      map[*Lock]struct{}{},
+		queues:    map[string]*keyQueue{},
 	}
 	l.life, l.endLife = context.WithCancelCause(context.Background())
 	l.grace, l.endGrace = context.WithCancelCause(context.Background())
@@ -290,15 +292,17 @@ func (l *Locker) Ping(ctx context.Context) error {
 // expires after its TTL). Close does not wait for Do's fn, which it cannot
 // stop.
 //
-// Close is idempotent and safe to call from several goroutines: a second
-// call returns nil at once. Every other method returns an error matching
-// ErrClosed afterwards.
+// Close is idempotent and safe to call from several goroutines: a later
+// call waits until the first has finished, and returns nil. Every other
+// method returns an error matching ErrClosed afterwards.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
+		<-l.closeDone
 		return nil
 	}
+	defer close(l.closeDone)
 	l.closed = true
 	close(l.closing)
 	l.endLife(ErrClosed)
@@ -401,15 +405,6 @@ func (l *Locker) begin(ctx context.Context, cut context.Context) (context.Contex
 
 // errCutShort is what a call cut short by Close returns.
 var errCutShort = fmt.Errorf("%w: Close cut the call short", ErrClosed)
-
-func (l *Locker) checkOpen() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return ErrClosed
-	}
-	return nil
-}
 
 // maxKeyLen bounds keys for every backend; drivers may accept less.
 const maxKeyLen = 4096
