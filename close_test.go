@@ -120,9 +120,9 @@ type raceBackend struct {
 	spread time.Duration
 }
 
-func memBackends() []raceBackend {
-	st := mem.NewStore()
-	free := func(t *testing.T, key string) error {
+// memFree reports whether key is free in st.
+func memFree(st *mem.Store) func(t *testing.T, key string) error {
+	return func(t *testing.T, key string) error {
 		in, err := st.Locker().(driver.Inspector).Inspect(context.Background(), key)
 		if errors.Is(err, driver.ErrNotHeld) {
 			return nil
@@ -132,6 +132,11 @@ func memBackends() []raceBackend {
 		}
 		return fmt.Errorf("held by %q, token %d, %v left", in.Owner, in.Token, in.Remaining)
 	}
+}
+
+func memBackends() []raceBackend {
+	st := mem.NewStore()
+	free := memFree(st)
 	return []raceBackend{
 		{name: "mem", rounds: 300, spread: 3 * time.Millisecond, free: free,
 			open: func(*testing.T) *locker.Locker { return locker.New(newNetMem(st)) }},
@@ -341,7 +346,7 @@ func raceClose(t *testing.T, b raceBackend, r closeRace) {
 // return nil.
 func TestConcurrentClose(t *testing.T) {
 	st := mem.NewStore()
-	free := memBackends()[0].free
+	free := memFree(st)
 	ctx := ctxT(t, 30*time.Second)
 	for round := range 50 {
 		l := locker.New(newNetMem(st))
