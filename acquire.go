@@ -68,17 +68,29 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []Option, wait bo
 	o, err := l.prepare(key, opts)
 	if err == nil {
 		o.attrs = op.attrs
-		if wait {
-			lk, err = l.acquireWait(ctx, key, o)
-		} else {
-			lk, _, err = l.attempt(ctx, key, o)
-		}
+		lk, err = l.acquireTracked(ctx, key, o, wait)
 	}
 	err = wrap(ctx, "acquire", key, err)
 	if t != nil {
 		t.endAcquire(ctx, op, lk, err)
 	}
 	return lk, err
+}
+
+// acquireTracked runs the acquire as a call in flight, which Close cuts
+// short and waits for (see Locker.begin).
+func (l *Locker) acquireTracked(ctx context.Context, key string, o options, wait bool) (*Lock, error) {
+	cctx, done, err := l.begin(ctx, l.life)
+	if err != nil {
+		return nil, err
+	}
+	var lk *Lock
+	if wait {
+		lk, err = l.acquireWait(cctx, key, o)
+	} else {
+		lk, _, err = l.attempt(cctx, key, o)
+	}
+	return lk, done(err)
 }
 
 // prepare validates key and options before any I/O and applies the driver's
@@ -95,7 +107,7 @@ func (l *Locker) prepare(key string, opts []Option) (options, error) {
 	if o.owner == "" {
 		o.owner = newOwner()
 	}
-	return o, l.checkOpen()
+	return o, nil
 }
 
 func newOwner() string {
@@ -125,20 +137,22 @@ func (l *Locker) attempt(ctx context.Context, key string, o options) (*Lock, tim
 		}
 		return nil, 0, err
 	}
-	lk, err := l.adopt(key, o, token, start)
+	lk, err := l.adoptAt(key, o, token, start, time.Now())
 	return lk, 0, err
 }
 
-// adopt turns a grant into a tracked Lock and starts its deadline and
-// renewal. start is when the granting call was sent.
-func (l *Locker) adopt(key string, o options, token uint64, start time.Time) (*Lock, error) {
+// adoptAt turns a grant into a tracked Lock and starts its deadline and
+// renewal. start is when the call the safe deadline counts from was sent
+// (the granting call, or a refresh right after it); granted is when the
+// grant was known, at the latest (when the granting call returned).
+func (l *Locker) adoptAt(key string, o options, token uint64, start, granted time.Time) (*Lock, error) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
 		l.cleanupKey(key, o.owner)
 		return nil, ErrClosed
 	}
-	lk := newLock(l, key, o, token, start)
+	lk := newLock(l, key, o, token, start, granted)
 	l.held[lk] = struct{}{}
 	l.mu.Unlock()
 	lk.watch(l.watcher)
@@ -150,27 +164,22 @@ func (l *Locker) cleanupKey(key, owner string) {
 	l.cleanup(func(ctx context.Context) { _ = l.drv.Release(ctx, key, owner) })
 }
 
-// cleanup runs fn, a clean-up on the server, with its own 5s timeout: in the
-// background, which Close waits for, or in the caller once Close has begun.
+// cleanup runs fn, a clean-up on the server, in the background with its
+// own 5s timeout. Close waits for it before it closes the driver; once the
+// driver is closed it is not run.
 func (l *Locker) cleanup(fn func(context.Context)) {
-	run := func() {
+	if l.enter(true) {
+		l.cleanupEntered(fn)
+	}
+}
+
+// cleanupEntered is cleanup once enter(true) has succeeded; it calls exit.
+func (l *Locker) cleanupEntered(fn func(context.Context)) {
+	go func() {
+		defer l.exit()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		fn(ctx)
-	}
-	l.mu.Lock()
-	closed := l.closed
-	if !closed {
-		l.cleanups.Add(1)
-	}
-	l.mu.Unlock()
-	if closed {
-		run()
-		return
-	}
-	go func() {
-		defer l.cleanups.Done()
-		run()
 	}()
 }
 
@@ -259,6 +268,10 @@ func (l *Locker) heldHere(q *keyQueue, set bool) bool {
 	return was
 }
 
+// acquireWait is Acquire: an attempt, then, once this caller has the turn
+// among the Locker's waiters for key (takeTurn), one of three ways to
+// wait: blocked in the server (acquireBlocking), woken by the driver's
+// notification (waitNotified), or polling (waitPolling).
 func (l *Locker) acquireWait(ctx context.Context, key string, o options) (*Lock, error) {
 	// A driver that waits in its server needs no separate first attempt:
 	// AcquireWait returns at once when the key is free.
@@ -269,133 +282,207 @@ func (l *Locker) acquireWait(ctx context.Context, key string, o options) (*Lock,
 		}
 		l.tel.waitEvent(ctx, "locker")
 	}
-
-	q := l.joinQueue(key)
-	defer l.leaveQueue(key, q)
-	select {
-	case q.turn <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-l.closing:
-		return nil, ErrClosed
+	q, leave, err := l.takeTurn(ctx, key)
+	if err != nil {
+		return nil, err
 	}
-	defer func() { <-q.turn }()
-
+	defer leave()
 	if l.blocking != nil {
 		return l.acquireBlocking(ctx, key, o)
 	}
-
-	if l.waiter != nil && q.wake == nil {
-		wake, cancel, err := l.waiter.Subscribe(ctx, key)
-		switch {
-		case err == nil:
-			q.wake, q.cancel = wake, cancel
-		case ctx.Err() != nil:
-			return nil, ctx.Err()
-		default:
-			// The notification channel is unavailable: fall back to the
-			// backoff schedule rather than fail the wait.
-		}
+	if err := l.subscribe(ctx, key, q); err != nil {
+		return nil, err
 	}
+	if q.wake != nil {
+		return l.waitNotified(ctx, key, o, q)
+	}
+	return l.waitPolling(ctx, key, o, q)
+}
 
-	delay := backoffMin
-	skip := l.heldHere(q, false)
-	var lastErr error // the last transient error while waiting
-	for {
+// takeTurn queues the caller behind the Locker's other waiters for key and
+// returns once it is their turn; leave ends the turn and leaves the queue.
+func (l *Locker) takeTurn(ctx context.Context, key string) (*keyQueue, func(), error) {
+	q := l.joinQueue(key)
+	select {
+	case q.turn <- struct{}{}:
+	case <-ctx.Done():
+		l.leaveQueue(key, q)
+		return nil, nil, ctx.Err()
+	case <-l.closing:
+		l.leaveQueue(key, q)
+		return nil, nil, ErrClosed
+	}
+	return q, func() {
+		<-q.turn
+		l.leaveQueue(key, q)
+	}, nil
+}
+
+// subscribe starts the driver's notifications for key, if it has a Waiter
+// and the queue has none yet. A subscription that fails leaves q.wake nil:
+// the wait then polls rather than fail.
+func (l *Locker) subscribe(ctx context.Context, key string, q *keyQueue) error {
+	if l.waiter == nil || q.wake != nil {
+		return nil
+	}
+	wake, cancel, err := l.waiter.Subscribe(ctx, key)
+	switch {
+	case err == nil:
+		q.wake, q.cancel = wake, cancel
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return nil
+}
+
+// waitState is what a waiting caller that makes its own attempts carries
+// from one to the next.
+type waitState struct {
+	delay   time.Duration // the next backoff delay
+	lastErr error         // the last transient error while waiting
+}
+
+// backoff returns the current backoff delay and doubles the next one, up to
+// backoffMax.
+func (w *waitState) backoff() time.Duration {
+	d := w.delay
+	w.delay = min(2*w.delay, backoffMax)
+	return d
+}
+
+// try makes one attempt with the turn. done reports that the wait is over,
+// with lk or err. Otherwise remaining is the holder's remaining TTL if the
+// driver said, and transient that the attempt failed for a reason other
+// than a holder.
+func (l *Locker) try(ctx context.Context, key string, o *options, q *keyQueue, w *waitState) (lk *Lock, remaining time.Duration, transient, done bool, err error) {
+	// Signals that arrived before this attempt are answered by it.
+	drain(q.wake)
+	drain(q.local)
+	lk, rem, err := l.attempt(ctx, key, *o)
+	switch {
+	case err == nil:
+		l.heldHere(q, true)
+		return lk, 0, false, true, nil
+	case errors.Is(err, ErrNotAcquired):
+		return nil, rem, false, false, nil
+	case ctx.Err() != nil || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalid):
+		return nil, 0, false, true, err
+	}
+	// A transient failure while waiting (a dropped connection, a leader
+	// election): keep waiting, with backoff. The attempt is being cleaned
+	// up in the background, so the next one uses a fresh owner that
+	// clean-up cannot touch.
+	w.lastErr = err
+	if !o.ownerSet {
+		o.owner = newOwner()
+	}
+	return nil, 0, true, false, nil
+}
+
+// waitNotified waits with the driver's notifications: after each attempt
+// it sleeps until a wake-up, a release through this Locker, the holder's
+// TTL, or a fallback timer in case a notification was lost.
+func (l *Locker) waitNotified(ctx context.Context, key string, o options, q *keyQueue) (*Lock, error) {
+	w := waitState{delay: backoffMin}
+	for skip := l.heldHere(q, false); ; skip = false {
 		var remaining time.Duration
 		transient := false
 		if !skip {
-			// Signals that arrived before this attempt are answered by it.
-			drain(q.wake)
-			drain(q.local)
-			lk, rem, err := l.attempt(ctx, key, o)
-			switch {
-			case err == nil:
-				l.heldHere(q, true)
-				return lk, nil
-			case errors.Is(err, ErrNotAcquired):
-				remaining = rem
-			case ctx.Err() != nil || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalid):
-				return nil, err
-			default:
-				// A transient failure while waiting (a dropped connection,
-				// a leader election): keep waiting, with backoff. The
-				// attempt is being cleaned up in the background, so the
-				// next one uses a fresh owner that clean-up cannot touch.
-				lastErr, transient = err, true
-				if !o.ownerSet {
-					o.owner = newOwner()
-				}
+			lk, rem, tr, done, err := l.try(ctx, key, &o, q, &w)
+			if done {
+				return lk, err
 			}
+			remaining, transient = rem, tr
 		}
-		skip = false
-		wait := delay
-		if q.wake != nil && !transient {
-			wait = fallbackMax
-		} else {
-			delay = min(2*delay, backoffMax)
+		wait := fallbackMax
+		if transient {
+			wait = w.backoff()
 		}
-		if remaining <= 0 && l.inspector != nil && q.wake == nil {
+		if err := l.pause(ctx, q, untilExpiry(jitter(wait), remaining), w.lastErr); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// waitPolling waits without notifications: it retries with a jittered,
+// capped backoff, and just after the holder's TTL runs out where the driver
+// reports it (a *HeldError, or Inspect).
+func (l *Locker) waitPolling(ctx context.Context, key string, o options, q *keyQueue) (*Lock, error) {
+	w := waitState{delay: backoffMin}
+	for skip := l.heldHere(q, false); ; skip = false {
+		var remaining time.Duration
+		if !skip {
+			lk, rem, _, done, err := l.try(ctx, key, &o, q, &w)
+			if done {
+				return lk, err
+			}
+			remaining = rem
+		}
+		wait := w.backoff()
+		if remaining <= 0 && l.inspector != nil {
 			if in, ierr := l.inspector.Inspect(ctx, key); ierr == nil {
 				remaining = in.Remaining
 			}
 		}
-		wait = jitter(wait)
-		if remaining > 0 && remaining+expirySlack < wait {
-			// Wake just after the holder's TTL runs out, so a crashed
-			// holder is taken over at TTL plus a few milliseconds.
-			wait = remaining + expirySlack + mrand.N(expirySlack)
+		if err := l.pause(ctx, q, untilExpiry(jitter(wait), remaining), w.lastErr); err != nil {
+			return nil, err
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-q.wake:
-		case <-q.local:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			if lastErr != nil {
-				return nil, fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), lastErr)
-			}
-			return nil, ctx.Err()
-		case <-l.closing:
-			t.Stop()
-			return nil, ErrClosed
-		}
-		t.Stop()
 	}
 }
 
-// acquireBlocking waits in the server. A Close while waiting cancels the wait.
-func (l *Locker) acquireBlocking(ctx context.Context, key string, o options) (*Lock, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go func() {
-		select {
-		case <-l.closing:
-			cancel(ErrClosed)
-		case <-ctx.Done():
+// untilExpiry shortens wait to just after the holder's remaining TTL, so a
+// crashed holder is taken over at TTL plus a few milliseconds.
+func untilExpiry(wait, remaining time.Duration) time.Duration {
+	if remaining > 0 && remaining+expirySlack < wait {
+		return remaining + expirySlack + mrand.N(expirySlack)
+	}
+	return wait
+}
+
+// pause sleeps for wait, or until a wake-up or a local release. It
+// returns an error when ctx ends (with lastErr, the last transient error
+// while waiting, if any) or the Locker closes.
+func (l *Locker) pause(ctx context.Context, q *keyQueue, wait time.Duration, lastErr error) error {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-q.wake:
+	case <-q.local:
+	case <-t.C:
+	case <-ctx.Done():
+		if lastErr != nil {
+			return fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), lastErr)
 		}
-	}()
+		return ctx.Err()
+	case <-l.closing:
+		return ErrClosed
+	}
+	return nil
+}
+
+// acquireBlocking waits in the server. Close cuts the wait short (ctx is
+// cut by Locker.begin). The lock's max and min hold count from when
+// AcquireWait returned: the grant came at some unknown moment of the wait,
+// and that is the latest it can have been, so the bounds are never shorter
+// than from the grant.
+func (l *Locker) acquireBlocking(ctx context.Context, key string, o options) (*Lock, error) {
 	l.tel.waitEvent(ctx, "server")
 	for {
 		start := time.Now()
 		dctx, end := l.tel.child(ctx, "locker.driver.acquire_wait")
 		token, err := l.blocking.AcquireWait(dctx, key, o.owner, o.ttl)
 		end(err)
+		granted := time.Now()
 		if err != nil {
 			if !o.ownerSet && !errors.Is(err, ErrNotAcquired) {
 				l.cleanupKey(key, o.owner)
 			}
-			if errors.Is(context.Cause(ctx), ErrClosed) {
-				return nil, ErrClosed
-			}
 			return nil, err
 		}
-		if time.Since(start) > o.ttl/4 {
-			// The grant came at some unknown point of a long wait, and
-			// the server counts the TTL from then: count the safe
-			// deadline from a refresh instead of from the start of the
-			// wait.
+		if granted.Sub(start) > o.ttl/4 {
+			// The server counts the TTL from the grant, at some unknown
+			// point of a long wait: count the safe deadline from a refresh
+			// instead of from the start of the wait.
 			start = time.Now()
 			dctx, end := l.tel.child(ctx, "locker.driver.refresh")
 			err := l.drv.Refresh(dctx, key, o.owner, o.ttl)
@@ -410,7 +497,7 @@ func (l *Locker) acquireBlocking(ctx context.Context, key string, o options) (*L
 				return nil, err
 			}
 		}
-		return l.adopt(key, o, token, start)
+		return l.adoptAt(key, o, token, start, granted)
 	}
 }
 

@@ -298,11 +298,12 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 
 // leader reads the holder of the election's key, and its owner.
 func (e *Election) leader(ctx context.Context) (Leader, string, error) {
-	if err := e.l.checkOpen(); err != nil {
+	cctx, done, err := e.l.begin(ctx, e.l.life)
+	if err != nil {
 		return Leader{}, "", wrap(ctx, "leader", e.name, err)
 	}
-	in, err := e.l.inspector.Inspect(ctx, e.key)
-	if err != nil {
+	in, err := e.l.inspector.Inspect(cctx, e.key)
+	if err = done(err); err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			err = fmt.Errorf("no leader: %w", err)
 		}

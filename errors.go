@@ -17,8 +17,9 @@ var (
 	// ErrNotHeld is returned by Lock.Refresh and Lock.Release once the lock
 	// is no longer held: released, expired, taken over or presumed lost.
 	ErrNotHeld = driver.ErrNotHeld
-	// ErrClosed is returned by every call on a Locker after Close, and by
-	// an Acquire that was waiting when Close was called.
+	// ErrClosed is returned by every call on a Locker, and on its Locks,
+	// after Close, and by a call that Close cut short (an Acquire that was
+	// waiting, a call in flight; see Locker.Close).
 	ErrClosed = driver.ErrClosed
 	// ErrInvalid is returned, before any I/O, for an empty key, a zero or
 	// negative TTL, a malformed URL or an unknown URL query parameter.
@@ -76,7 +77,8 @@ const (
 	// is presumed: an owner-checked release is sent in case the server
 	// still has the lock.
 	CauseDeadline LostCause = "deadline"
-	// CauseClosed: Locker.Close released the lock.
+	// CauseClosed: Locker.Close released the lock. Such an Err also
+	// matches ErrClosed.
 	CauseClosed LostCause = "closed"
 	// CauseMaxHold: the bound set by WithMaxHold passed; renewal stopped
 	// and the lock was released.
@@ -103,15 +105,20 @@ func (e *lostError) Error() string {
 	return s
 }
 
-// Unwrap returns ErrNotHeld, the cause and the driver's report. A report
-// that matches ErrNotAcquired or a context error stays in the text only: a
-// lost lock must not look like a failed acquire or a cancelled call.
+// Unwrap returns ErrNotHeld, the cause and the driver's report, and
+// ErrClosed for CauseClosed. A report that matches ErrNotAcquired or a
+// context error stays in the text only: a lost lock must not look like a
+// failed acquire or a cancelled call.
 func (e *lostError) Unwrap() []error {
+	errs := []error{ErrNotHeld, e.cause}
+	if e.cause == CauseClosed {
+		errs = append(errs, ErrClosed)
+	}
 	if e.err == nil || errors.Is(e.err, ErrNotAcquired) ||
 		errors.Is(e.err, context.Canceled) || errors.Is(e.err, context.DeadlineExceeded) {
-		return []error{ErrNotHeld, e.cause}
+		return errs
 	}
-	return []error{ErrNotHeld, e.cause, e.err}
+	return append(errs, e.err)
 }
 
 // serverLost is the loss reported by a server that answered a renewal,

@@ -3,12 +3,14 @@ package locker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/drivers/mem"
+	"github.com/go-locker/locker/internal/redistest"
 )
 
 // lateBy is how late, on this loaded 2-core machine under -race, a timer or
@@ -268,5 +270,81 @@ func TestHoldOptionsInvalid(t *testing.T) {
 		if err := lk.Release(ctx); err != nil {
 			t.Fatalf("%s: Release: %v", name, err)
 		}
+	}
+}
+
+// WithMaxHold counts from the grant on every way of waiting: woken by the
+// driver (mem's Waiter; Redis with fair=false), polling (no Waiter), and
+// blocked in the server (a BlockingAcquirer; Redis's fair queue). After a
+// wait longer than the bound itself, Lost closes no earlier than the bound
+// after the holder's release was sent (the earliest the grant can have
+// been), and at most the bound after Acquire returned (Granted is between
+// the two).
+func TestMaxHoldCountsFromGrant(t *testing.T) {
+	st := mem.NewStore()
+	s := redistest.Start(t)
+	type backend struct {
+		name string
+		open func(t *testing.T) *locker.Locker
+	}
+	openURL := func(url string) func(t *testing.T) *locker.Locker {
+		return func(t *testing.T) *locker.Locker {
+			l, err := locker.OpenURL(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		}
+	}
+	backends := []backend{
+		{"mem-waiter", func(*testing.T) *locker.Locker { return locker.New(st.Locker()) }},
+		{"mem-polling", func(*testing.T) *locker.Locker { return locker.New(newFaulty(st)) }},
+		{"mem-blocking", func(*testing.T) *locker.Locker { return locker.New(&blocking{faulty: newFaulty(st)}) }},
+		{"redis", openURL(s.URL())},
+		{"redis-fair=false", openURL(s.URL() + "?fair=false")},
+	}
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			holder, waiter := b.open(t), b.open(t)
+			defer holder.Close()
+			defer waiter.Close()
+			ctx := ctxT(t, 30*time.Second)
+			key := fmt.Sprintf("max-hold-from-grant/%s/%d", b.name, time.Now().UnixNano())
+			const maxHold, wait = time.Second, 1200 * time.Millisecond
+			hl, err := holder.Acquire(ctx, key, locker.WithTTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent := make(chan time.Time, 1)
+			time.AfterFunc(wait, func() {
+				sent <- time.Now()
+				if err := hl.Release(context.Background()); err != nil {
+					t.Errorf("holder's Release: %v", err)
+				}
+			})
+			lk, err := waiter.Acquire(ctx, key, locker.WithTTL(10*time.Second), locker.WithMaxHold(maxHold))
+			returned := time.Now()
+			if err != nil {
+				t.Fatal(err)
+			}
+			released := <-sent
+			if g := lk.Granted(); g.Before(released) || g.After(returned) {
+				t.Errorf("Granted() is %v after the holder's release was sent; want between it and Acquire's return (%v)",
+					g.Sub(released), returned.Sub(released))
+			}
+			mustOpen(t, lk.Lost(), "Lost closed as Acquire returned: the max hold counted the wait")
+			waitClosed(t, lk.Lost(), 10*time.Second, "Lost at the max hold")
+			lost := time.Now()
+			if !errors.Is(lk.Err(), locker.CauseMaxHold) {
+				t.Fatalf("Err() = %v, want CauseMaxHold", lk.Err())
+			}
+			if d := lost.Sub(released); d < maxHold {
+				t.Fatalf("Lost closed %v after the holder's release was sent, before the max hold %v counted from any possible grant", d, maxHold)
+			}
+			if d := lost.Sub(returned); d > maxHold+lateBy {
+				t.Fatalf("Lost closed %v after Acquire returned, want at most %v (+%v)", d, maxHold, lateBy)
+			}
+		})
 	}
 }

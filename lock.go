@@ -46,7 +46,8 @@ type Lock struct {
 	owner     string
 	token     uint64
 	autoRenew bool
-	start     time.Time // when the granting call was sent: WithMaxHold and locker.hold.duration count from it
+	start     time.Time // when the granting call was sent: locker.hold.duration counts from it
+	granted   time.Time // when the grant was known (see Granted): WithMaxHold and WithMinHold count from it
 	minUntil  time.Time // WithMinHold: the key stays taken until then; zero without
 	attrs     *attrSets // nil without telemetry
 	hold      holdOps   // Refresh and Release on the server: the driver's, or a shared hold's (shared.go)
@@ -67,15 +68,16 @@ type Lock struct {
 	lostErr      *lostError // why Lost was closed; set just before it closes
 	lost         chan struct{}
 	releaseRetry bool
-	unwatch      func()      // ends the driver.HoldWatcher watch; nil if none
-	onLost       func(error) // options.onLost
+	releasing    chan struct{} // closed when the release under way ends; nil if none
+	unwatch      func()        // ends the driver.HoldWatcher watch; nil if none
+	onLost       func(error)   // options.onLost
 }
 
-func newLock(l *Locker, key string, o options, token uint64, start time.Time) *Lock {
+func newLock(l *Locker, key string, o options, token uint64, start, granted time.Time) *Lock {
 	ctx, cancel := context.WithCancel(context.Background())
 	lk := &Lock{
 		l: l, key: key, owner: o.owner, token: token, autoRenew: o.autoRenew,
-		start: start, attrs: o.attrs, onLost: o.onLost,
+		start: start, granted: granted, attrs: o.attrs, onLost: o.onLost,
 		io:   make(chan struct{}, 1),
 		stop: make(chan struct{}),
 		kick: make(chan struct{}, 1),
@@ -89,9 +91,9 @@ func newLock(l *Locker, key string, o options, token uint64, start time.Time) *L
 		lk.hold = l.drv
 	}
 	if o.minHold > 0 {
-		// Counted from now, after the grant, so the key is taken for at
-		// least minHold whenever the server made the grant.
-		lk.minUntil = time.Now().Add(o.minHold)
+		// Counted from when the grant was known, after the server made
+		// it, so the key is taken for at least minHold after the grant.
+		lk.minUntil = granted.Add(o.minHold)
 	}
 	lk.mu.Lock()
 	if t := l.tel; t != nil {
@@ -99,7 +101,7 @@ func newLock(l *Locker, key string, o options, token uint64, start time.Time) *L
 	}
 	lk.timer = time.AfterFunc(time.Until(lk.deadline), lk.onDeadline)
 	if o.maxHold > 0 {
-		lk.maxTimer = time.AfterFunc(time.Until(start.Add(o.maxHold)), lk.onMaxHold)
+		lk.maxTimer = time.AfterFunc(time.Until(granted.Add(o.maxHold)), lk.onMaxHold)
 	}
 	if lk.autoRenew {
 		lk.done = make(chan struct{})
@@ -138,6 +140,16 @@ func (lk *Lock) Deadline() time.Time {
 	return lk.deadline
 }
 
+// Granted returns when the grant was known: the moment the call that won
+// the lock returned, on the local monotonic clock. The server made the
+// grant at that moment or before (at some point of the call, or of a wait
+// in the server), so it is the latest the grant can have been: WithMaxHold
+// and WithMinHold count from it, which makes neither bound shorter than
+// from the grant. The safe deadline counts from the start of the call
+// instead (see Deadline), the earliest the server can have started the
+// TTL.
+func (lk *Lock) Granted() time.Time { return lk.granted }
+
 // Lost returns a channel that is closed when the lock is lost or presumed
 // lost: a renewal, Refresh or Release was told the lock is gone, the safe
 // deadline passed without a successful renewal, the Locker was closed,
@@ -168,12 +180,18 @@ func (lk *Lock) Err() error {
 // TTL automatic renewal uses from then on. ttl is rounded as in WithTTL.
 // It returns ErrNotHeld once the lock is released or lost (and then Lost is
 // closed), ErrInvalid for a non-positive ttl, or the driver's error, after
-// which the lock is still held until its safe deadline passes.
+// which the lock is still held until its safe deadline passes. After
+// Close, or when Close cuts it short, it returns an error matching
+// ErrClosed.
 func (lk *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 	if ttl <= 0 {
 		return wrap(ctx, "refresh", lk.key, fmt.Errorf("%w: ttl must be positive, got %v", ErrInvalid, ttl))
 	}
-	err := lk.refresh(ctx, lk.l.caps.RoundTTL(ttl), false)
+	cctx, done, err := lk.l.begin(ctx, lk.l.life)
+	if err != nil {
+		return wrap(ctx, "refresh", lk.key, lk.closedErr())
+	}
+	err = done(lk.refresh(cctx, lk.l.caps.RoundTTL(ttl), false))
 	if err == nil {
 		select {
 		case lk.kick <- struct{}{}:
@@ -188,22 +206,64 @@ func (lk *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 // instead. It returns ErrNotHeld if the lock was no longer held (it had been
 // released, lost, or taken over), after which Lost is closed. On any other
 // error renewal has stopped anyway and the lock expires after its TTL;
-// Release may be called again to retry.
+// Release may be called again to retry. A Release called while another is
+// under way waits for it. After Close, or when Close cuts it short, it
+// returns an error matching ErrClosed (Close releases the lock itself).
 func (lk *Lock) Release(ctx context.Context) error {
 	t := lk.l.tel
 	if t == nil {
-		return wrap(ctx, "release", lk.key, lk.release(ctx, nil))
+		return wrap(ctx, "release", lk.key, lk.releaseTracked(ctx))
 	}
 	ctx, span := t.startRelease(ctx, lk)
-	err := wrap(ctx, "release", lk.key, lk.release(ctx, nil))
+	err := wrap(ctx, "release", lk.key, lk.releaseTracked(ctx))
 	endRelease(span, err)
 	return err
 }
 
+// releaseTracked is release as a call in flight, which Close waits for and
+// cuts short only once it has released its own locks.
+func (lk *Lock) releaseTracked(ctx context.Context) error {
+	cctx, done, err := lk.l.begin(ctx, lk.l.grace)
+	if err != nil {
+		return lk.closedErr()
+	}
+	return done(lk.release(cctx, nil))
+}
+
+// closedErr is what Release and Refresh return once the Locker is closed:
+// ErrClosed, with why the lock ended if it had.
+func (lk *Lock) closedErr() error {
+	lk.mu.Lock()
+	held := lk.state == stateHeld
+	lk.mu.Unlock()
+	if held {
+		return ErrClosed // Close releases it
+	}
+	e := lk.notHeld()
+	if errors.Is(e, ErrClosed) {
+		return e // released by Close
+	}
+	return fmt.Errorf("%w (%w)", ErrClosed, e)
+}
+
 // release ends the lock. closing is the loss to report once the server
-// side is done, when the Locker is being closed; nil for Release.
+// side is done, when the Locker is being closed; nil for Release. A
+// release already under way is waited for first.
 func (lk *Lock) release(ctx context.Context, closing *lostError) error {
 	lk.mu.Lock()
+	for lk.releasing != nil {
+		ch := lk.releasing
+		lk.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			if closing != nil {
+				lk.closeLost(closing, false)
+			}
+			return ctx.Err()
+		}
+		lk.mu.Lock()
+	}
 	ended := false
 	switch lk.state {
 	case stateLost:
@@ -222,7 +282,15 @@ func (lk *Lock) release(ctx context.Context, closing *lostError) error {
 		ended = true
 	}
 	lk.releaseRetry = false
+	releasing := make(chan struct{})
+	lk.releasing = releasing
 	lk.mu.Unlock()
+	defer func() {
+		lk.mu.Lock()
+		lk.releasing = nil
+		lk.mu.Unlock()
+		close(releasing)
+	}()
 	if ended {
 		lk.holdEnded()
 	}
@@ -343,6 +411,9 @@ func (lk *Lock) lose(e *lostError, releaseOnServer bool) bool {
 	if first {
 		lk.lostErr = e
 	}
+	// Registered with the state change, so that a Close that finds the
+	// lock lost waits for this clean-up before it closes the driver.
+	cleanup := releaseOnServer && lk.l.enter(true)
 	lk.mu.Unlock()
 	lk.holdEnded()
 	if first {
@@ -351,8 +422,8 @@ func (lk *Lock) lose(e *lostError, releaseOnServer bool) bool {
 	lk.stopWatch()
 	lk.l.untrack(lk)
 	lk.l.notifyLocal(lk.key)
-	if releaseOnServer {
-		lk.l.cleanup(func(ctx context.Context) { _ = lk.free(ctx) })
+	if cleanup {
+		lk.l.cleanupEntered(func(ctx context.Context) { _ = lk.free(ctx) })
 	}
 	return true
 }

@@ -113,11 +113,24 @@ type Locker struct {
 	watcher   driver.HoldWatcher
 	tel       *telemetry // nil: no instrumentation at all
 
-	closing  chan struct{}
-	cleanups sync.WaitGroup
+	// closing is closed, and life cancelled with cause ErrClosed, when
+	// Close begins: waits and calls in flight are cut short. grace is
+	// cancelled once Close has released the locks it holds: a Release
+	// still in flight then is cut short too.
+	closing     chan struct{}
+	closeDone   chan struct{} // closed when Close has finished
+	life, grace context.Context
+	endLife     context.CancelCauseFunc
+	endGrace    context.CancelCauseFunc
 
 	mu     sync.Mutex
 	closed bool
+	// busy counts the calls and clean-ups that use the driver (see enter).
+	// Close closes the driver once it is zero; from then on, shut is set
+	// and nothing enters.
+	busy   int
+	idle   chan struct{} // closed when busy falls to zero; nil if nobody waits
+	shut   bool
 	held   map[*Lock]struct{}
 	queues map[string]*keyQueue
 }
@@ -144,12 +157,15 @@ func newLocker(d driver.Locker, driverName string, opts []OpenOption) *Locker {
 		}
 	}
 	l := &Locker{
-		tel:     newTelemetry(driverName, c),
-		drv:     d,
-		closing: make(chan struct{}),
-		held:    map[*Lock]struct{}{},
-		queues:  map[string]*keyQueue{},
+		tel:       newTelemetry(driverName, c),
+		drv:       d,
+		closing:   make(chan struct{}),
+		closeDone: make(chan struct{}),
+		held:      map[*Lock]struct{}{},
+		queues:    map[string]*keyQueue{},
 	}
+	l.life, l.endLife = context.WithCancelCause(context.Background())
+	l.grace, l.endGrace = context.WithCancelCause(context.Background())
 	if c, ok := d.(driver.Capable); ok {
 		l.caps = c.Capabilities()
 	}
@@ -238,11 +254,12 @@ func (l *Locker) Inspect(ctx context.Context, key string) (Info, error) {
 	if l.inspector == nil {
 		return Info{}, wrap(ctx, "inspect", key, fmt.Errorf("driver %T cannot inspect: %w", l.drv, errors.ErrUnsupported))
 	}
-	if err := l.checkOpen(); err != nil {
+	cctx, done, err := l.begin(ctx, l.life)
+	if err != nil {
 		return Info{}, wrap(ctx, "inspect", key, err)
 	}
-	in, err := l.inspector.Inspect(ctx, key)
-	if err != nil {
+	in, err := l.inspector.Inspect(cctx, key)
+	if err = done(err); err != nil {
 		return Info{}, wrap(ctx, "inspect", key, err)
 	}
 	return Info{Owner: in.Owner, Token: in.Token, Remaining: in.Remaining, Kind: "mutex"}, nil
@@ -251,29 +268,47 @@ func (l *Locker) Inspect(ctx context.Context, key string) (Info, error) {
 // Ping checks that the backend is reachable, where the driver can tell
 // (driver.Pinger); otherwise it only checks that the Locker is open.
 func (l *Locker) Ping(ctx context.Context) error {
-	if err := l.checkOpen(); err != nil {
+	cctx, done, err := l.begin(ctx, l.life)
+	if err != nil {
 		return wrap(ctx, "ping", "", err)
 	}
 	if p, ok := l.drv.(driver.Pinger); ok {
-		return wrap(ctx, "ping", "", p.Ping(ctx))
+		err = p.Ping(cctx)
 	}
-	return nil
+	return wrap(ctx, "ping", "", done(err))
 }
 
-// Close releases every lock still held through this Locker (each with a 5s
-// timeout, honouring WithMinHold; their Lost channels close with
-// CauseClosed, since their holders no longer hold them), makes waiting
-// Acquire calls return ErrClosed, and closes the driver.
-// Close is idempotent: a second call returns nil. Every other method returns
-// ErrClosed afterwards.
+// Close shuts the Locker down, and returns once nothing of it touches the
+// backend any more. It cuts short the calls in flight that wait or may
+// wait (Acquire, TryAcquire, Do's acquire, Lock.Refresh, Inspect, Ping):
+// they return an error matching ErrClosed, never ErrUnavailable, and a
+// grant one of them won meanwhile is released, owner-checked. It releases
+// every lock still held through this Locker (each with a 5s timeout,
+// honouring WithMinHold; their Lost channels close with CauseClosed, since
+// their holders no longer hold them, and Do's fn sees its context
+// cancelled); a Release already in flight is waited for within that
+// timeout, and retried if it failed, and is cut short after it. Close then
+// waits for every such call, and for the owner-checked clean-ups of grants
+// whose fate was unknown, to finish, and closes the driver last: no grant
+// made before or during Close outlives it on the server, unless the
+// backend could not be reached within those timeouts (the lock then
+// expires after its TTL). Close does not wait for Do's fn, which it cannot
+// stop.
+//
+// Close is idempotent and safe to call from several goroutines: a later
+// call waits until the first has finished, and returns nil. Every other
+// method returns an error matching ErrClosed afterwards.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
+		<-l.closeDone
 		return nil
 	}
+	defer close(l.closeDone)
 	l.closed = true
 	close(l.closing)
+	l.endLife(ErrClosed)
 	held := make([]*Lock, 0, len(l.held))
 	for lk := range l.held {
 		held = append(held, lk)
@@ -296,21 +331,83 @@ func (l *Locker) Close() error {
 		})
 	}
 	wg.Wait()
-	l.cleanups.Wait()
+	l.endGrace(ErrClosed)
+	l.waitIdle()
 	if err := l.drv.Close(); err != nil && !errors.Is(err, ErrClosed) {
 		errs = append(errs, fmt.Errorf("locker: close: %w", err))
 	}
 	return errors.Join(errs...)
 }
 
-func (l *Locker) checkOpen() error {
+// enter registers a use of the driver: a call of the API (open: only while
+// the Locker is open) or a clean-up (once Close has begun too, until it
+// closes the driver). It reports false when that is no longer allowed.
+// Every true is matched by one exit.
+func (l *Locker) enter(cleanup bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
-		return ErrClosed
+	if l.shut || (l.closed && !cleanup) {
+		return false
 	}
-	return nil
+	l.busy++
+	return true
 }
+
+func (l *Locker) exit() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.busy--
+	if l.busy == 0 && l.idle != nil {
+		close(l.idle)
+		l.idle = nil
+	}
+}
+
+// waitIdle waits until no use of the driver is under way, and then bars
+// new ones.
+func (l *Locker) waitIdle() {
+	for {
+		l.mu.Lock()
+		if l.busy == 0 {
+			l.shut = true
+			l.mu.Unlock()
+			return
+		}
+		if l.idle == nil {
+			l.idle = make(chan struct{})
+		}
+		idle := l.idle
+		l.mu.Unlock()
+		<-idle
+	}
+}
+
+// begin registers a call of the API in flight (see enter), or returns
+// ErrClosed. The context it returns is ctx, cut short with cause ErrClosed
+// when cut is done (l.life: when Close begins; l.grace: once Close has
+// released its locks). done ends the call; it returns err, or ErrClosed in
+// its place when the call failed after being cut short, so that a driver's
+// report of a connection closed under it never reaches the caller.
+func (l *Locker) begin(ctx context.Context, cut context.Context) (context.Context, func(error) error, error) {
+	if !l.enter(false) {
+		return ctx, nil, ErrClosed
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(cut, func() { cancel(ErrClosed) })
+	return cctx, func(err error) error {
+		stop()
+		if err != nil && errors.Is(context.Cause(cctx), ErrClosed) &&
+			(!errors.Is(err, ErrClosed) || errors.Is(err, ErrUnavailable)) {
+			err = errCutShort
+		}
+		cancel(nil)
+		l.exit()
+		return err
+	}, nil
+}
+
+// errCutShort is what a call cut short by Close returns.
+var errCutShort = fmt.Errorf("%w: Close cut the call short", ErrClosed)
 
 // maxKeyLen bounds keys for every backend; drivers may accept less.
 const maxKeyLen = 4096

@@ -55,23 +55,36 @@ func WithOwner(owner string) Option {
 	return func(o *options) { o.owner = owner; o.ownerSet = true }
 }
 
-// WithMaxHold bounds how long the lock is held: d after the grant (the
-// start of the call that won it) renewal stops, Lost closes with
-// CauseMaxHold (Do's context is cancelled), and an owner-checked release is
-// sent, so the key is free at grant + d plus one round trip. If that
-// release fails (the backend is unreachable then), the key expires on the
-// server at most one TTL later. It is the bound on a stuck job: work that
-// should have ended long ago cannot keep the lock by renewing it. Release
-// and Refresh after the bound return an error matching ErrNotHeld and
-// CauseMaxHold. The default, 0, is no bound. A negative d, or a d shorter
-// than WithMinHold's, fails with ErrInvalid before any I/O. Tested by
-// TestMaxHold and, on PostgreSQL, drivers/postgres TestHoldPolicy.
+// WithMaxHold bounds how long the lock is held: d after the grant, renewal
+// stops, Lost closes with CauseMaxHold (Do's context is cancelled), and an
+// owner-checked release is sent, so the key is free at grant + d plus one
+// round trip. If that release fails (the backend is unreachable then), the
+// key expires on the server at most one TTL later. It is the bound on a
+// stuck job: work that should have ended long ago cannot keep the lock by
+// renewing it. Release and Refresh after the bound return an error
+// matching ErrNotHeld and CauseMaxHold. The default, 0, is no bound. A
+// negative d, or a d shorter than WithMinHold's, fails with ErrInvalid
+// before any I/O.
+//
+// The bound counts from the grant on every way of waiting: an attempt that
+// wins at once, one after waiting in this process (polling or woken by the
+// driver), and a wait blocked in the server (driver.BlockingAcquirer), so
+// time spent waiting is never taken out of d. The exact moment the server
+// made the grant is not known to the client: it lies somewhere within the
+// call that won the lock, or within the wait in the server. The bound
+// counts from the end of that call, when its reply arrived (Lock.Granted),
+// the latest moment the grant can have been: so the job is never stopped
+// earlier than d after the grant, at the price of holding the key up to
+// one round trip longer. (The safe deadline, by contrast, counts from the
+// start of the call, the earliest moment the server can have started the
+// TTL: each end is the one that errs on the safe side.)
 func WithMaxHold(d time.Duration) Option {
 	return func(o *options) { o.maxHold = d }
 }
 
-// WithMinHold keeps the key taken for at least d after the grant, whatever
-// the work does: a Release (or Do's release, or Locker.Close) earlier than
+// WithMinHold keeps the key taken for at least d after the grant (counted,
+// like WithMaxHold, from Lock.Granted, the latest moment the grant can
+// have been), whatever the work does: a Release (or Do's release, or Locker.Close) earlier than
 // that stops renewal and, instead of freeing the key, sets its TTL on the
 // server to the time left until grant + d (rounded up like WithTTL, so up
 // to the driver's TTL granularity later), owner-checked as Release is. The

@@ -73,7 +73,12 @@ func (l *Locker) acquireShared(ctx context.Context, key string, mode driver.Shar
 		o.attrs = op.attrs
 		o.hold = &sharedOps{s: sh, mode: mode}
 		req := driver.SharedRequest{Mode: mode, Owner: o.owner, TTL: o.ttl, Limit: n, Wait: wait}
-		lk, err = l.grantShared(ctx, sh, key, req, o)
+		var cctx context.Context
+		var done func(error) error
+		if cctx, done, err = l.begin(ctx, l.life); err == nil {
+			lk, err = l.grantShared(cctx, sh, key, req, o)
+			err = done(err)
+		}
 	}
 	err = wrap(ctx, "acquire "+mode.String(), key, err)
 	if t != nil {
@@ -82,21 +87,12 @@ func (l *Locker) acquireShared(ctx context.Context, key string, mode driver.Shar
 	return lk, err
 }
 
-// grantShared asks the driver for the hold and adopts the grant. A wait is
-// cut short by Close. A grant that came late in a long wait is refreshed
-// first, so that the safe deadline counts from a call whose start is known.
+// grantShared asks the driver for the hold and adopts the grant. It runs as
+// a call in flight (Locker.begin), so Close cuts a wait short and waits for
+// it. A grant that came late in a long wait is refreshed first, so that the
+// safe deadline counts from a call whose start is known.
 func (l *Locker) grantShared(ctx context.Context, sh driver.SharedLocker, key string, req driver.SharedRequest, o options) (*Lock, error) {
 	if req.Wait {
-		var cancel context.CancelCauseFunc
-		ctx, cancel = context.WithCancelCause(ctx)
-		defer cancel(nil)
-		go func() {
-			select {
-			case <-l.closing:
-				cancel(ErrClosed)
-			case <-ctx.Done():
-			}
-		}()
 		l.tel.waitEvent(ctx, "server")
 	}
 	for {
@@ -124,9 +120,9 @@ func (l *Locker) grantShared(ctx context.Context, sh driver.SharedLocker, key st
 			}
 			return nil, err
 		}
-		lk, err := l.adopt(key, o, token, start)
+		lk, err := l.adoptAt(key, o, token, start, time.Now())
 		if errors.Is(err, ErrClosed) {
-			// adopt's own clean-up releases a mutex; release the hold.
+			// adoptAt's own clean-up releases a mutex; release the hold.
 			l.cleanup(func(ctx context.Context) { _ = sh.ReleaseShared(ctx, key, req.Mode, req.Owner) })
 		}
 		return lk, err
@@ -146,14 +142,15 @@ func (l *Locker) inspectShared(ctx context.Context, key string, mode driver.Shar
 	if err == nil {
 		err = l.checkKey(key)
 	}
-	if err == nil {
-		err = l.checkOpen()
-	}
 	if err != nil {
 		return nil, wrap(ctx, op, key, err)
 	}
-	hs, err := sh.InspectShared(ctx, key, mode)
+	cctx, done, err := l.begin(ctx, l.life)
 	if err != nil {
+		return nil, wrap(ctx, op, key, err)
+	}
+	hs, err := sh.InspectShared(cctx, key, mode)
+	if err = done(err); err != nil {
 		return nil, wrap(ctx, op, key, err)
 	}
 	out := make([]Info, len(hs))

@@ -123,6 +123,7 @@ var mutants = []mutant{
 	{"expires-before-margin", "Locker/LostOnExpiry", blocking},
 	{"refresh-noop", "Locker/AutoRenew", blocking},
 	{"blocking-stays-queued", "Locker/CancelledWait", blocking},
+	{"blocking-stays-queued", "Locker/CloseRaces", blocking},
 	{"acquire-ignores-holder", "Locker/Contention", blocking},
 	{"release-noop", "Locker/Close", blocking},
 }

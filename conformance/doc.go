@@ -340,6 +340,16 @@
 //   - [X10] Locker.TryAcquire: "ErrInvalid for an empty key or a bad option (before any I/O)" →
 //     Locker/BadInput; no driver mutant: package locker rejects them before calling the driver, so only a
 //     broken root fails it (this subtest, run on the mem driver, is the root's check).
+//   - [X11] Locker.Close: it "returns once nothing of it touches the backend any more", calls it cut short
+//     "return an error matching ErrClosed, never ErrUnavailable", and "no grant made before or during Close
+//     outlives it on the server" (Close racing Release, Acquire, TryAcquire, Do and a queued Acquire) →
+//     Locker/CloseRaces; mutant: blocking-stays-queued (a wait Close cut short stays queued on the server and
+//     takes the key later). The rest is package locker's obligation: it tracks the calls in flight and
+//     closes the driver last (root test TestCloseIsABarrier).
+//   - [X12] WithMaxHold: "The bound counts from the grant on every way of waiting", after a wait of more
+//     than a second → Locker/MaxHoldFromGrant; no driver mutant: package locker's obligation, counted on its
+//     own clock from when the winning call returned, so a driver that answers late only lengthens the bound
+//     (root test TestMaxHoldCountsFromGrant).
 //
 // Under faults (the fault subtests below):
 //

@@ -739,9 +739,11 @@ func (f flawedBlocking) AcquireWait(ctx context.Context, key, owner string, ttl 
 		}
 		if err := waitOn(waitCtx, ch); err != nil {
 			if f.is("blocking-stays-queued") {
-				// The wait stays queued after its caller gave up, and
-				// takes the key when it frees.
-				go func() { _, _ = f.AcquireWait(context.Background(), key, owner, ttl) }()
+				// The wait stays queued on the server after its caller
+				// gave up, whatever becomes of the client (even closed),
+				// and takes the key when it frees.
+				server := flawedBlocking{&flawed{st: f.st}}
+				go func() { _, _ = server.AcquireWait(context.Background(), key, owner, ttl) }()
 			}
 			return 0, err
 		}

@@ -28,6 +28,8 @@ func (s *suite) lockerSubtests() []subtest {
 		{name: "RefreshAfterLoss", fn: s.lockerRefreshAfterLoss},
 		{name: "CancelledWait", fn: s.lockerCancelledWait},
 		{name: "Close", fn: s.lockerClose},
+		{name: "CloseRaces", fn: s.lockerCloseRaces},
+		{name: "MaxHoldFromGrant", fn: s.lockerMaxHoldFromGrant},
 	}
 }
 

@@ -220,9 +220,15 @@ func TestRunMaxHoldOnLostModes(t *testing.T) {
 }
 
 // --max-hold counts from the grant, not from the start of the wait: a run
-// that waited longer than its --max-hold still gets the whole bound.
+// that waited longer than its --max-hold still gets the whole bound, on
+// the file driver and on Redis, whose fair queue waits in the server.
 func TestRunMaxHoldCountsFromGrant(t *testing.T) {
-	url := fileURL(t)
+	for name, open := range holdBackends(t) {
+		t.Run(name, func(t *testing.T) { runMaxHoldCountsFromGrant(t, open(t)) })
+	}
+}
+
+func runMaxHoldCountsFromGrant(t *testing.T, url string) {
 	const maxHold = time.Second
 	a := start(t, nil, append([]string{"run", "--url", url, "job", "--"}, child("signals")...)...)
 	a.expect(t, "ready")

@@ -315,19 +315,16 @@ func (o *runOpts) acquire(ctx context.Context) (*locker.Lock, *locker.Locker, in
 }
 
 // granted records the hold bounds of a lock just granted. Package locker
-// counts --max-hold from the start of the call that won the lock, which is
-// also where the lock's first safe deadline counts from (see
-// locker.Lock.Deadline): deadline = start + TTL - margin, until the first
-// renewal, TTL/3 later. --min-hold counts from after the grant, so the
-// bound here is no earlier than the library's.
+// counts --max-hold from lk.Granted (the end of the call that won the
+// lock, however long it waited), so the job is stopped at the same moment
+// the library ends the lock. --min-hold counts from after the grant, so
+// the bound here is no earlier than the library's.
 func (o *runOpts) granted(lk *locker.Lock, l *locker.Locker) {
 	if o.minHold > 0 {
 		o.minUntil = time.Now().Add(o.minHold)
 	}
 	if o.maxHold > 0 {
-		ttl := lk.TTL()
-		start := lk.Deadline().Add(-(ttl - l.Capabilities().Margin(ttl)))
-		o.holdBound = start.Add(o.maxHold)
+		o.holdBound = lk.Granted().Add(o.maxHold)
 	}
 }
 
