@@ -565,9 +565,10 @@ func (s *suite) driverBadInput(t *testing.T) {
 		s.mustBeFree(t, b, key, "after an Acquire with TTL "+bad.String())
 	}
 	// A rejected Refresh leaves the lock as it was: held, and ending when its
-	// own TTL says.
+	// own TTL says. The TTL is long enough that "still held" does not race
+	// the expiry on a loaded machine.
 	key, o := newKey(t), newOwner()
-	g := s.acquire(t, a, key, o, ttl)
+	g := s.acquire(t, a, key, o, ttlFor(a, 5*s.unit))
 	for _, bad := range []time.Duration{0, -time.Second} {
 		wantErr(t, "Refresh with TTL "+bad.String(), a.Refresh(ctx, key, o, bad), driver.ErrInvalid)
 	}

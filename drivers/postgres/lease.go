@@ -153,10 +153,20 @@ func (l *leaseLocker) Acquire(ctx context.Context, key, owner string, ttl time.D
 	}
 	defer done()
 	id := leaseID(l.ns, key)
+	// A statement cut short by ctx may still commit on the server (a pooler
+	// runs it to its end), after any clean-up the caller sends. So the
+	// statement runs until its reply, cancelGrace past ctx at most, and a
+	// grant that arrives once ctx is done is undone here.
+	qctx, qcancel := outlive(ctx, cancelGrace)
+	defer qcancel()
 	for tries := 0; ; tries++ {
 		var tok, rem *int64
-		err := l.pool.QueryRow(ctx, l.sql.acquire, l.args(id, []byte(key), []byte(owner), ms)...).Scan(&tok, &rem)
+		err := l.pool.QueryRow(qctx, l.sql.acquire, l.args(id, []byte(key), []byte(owner), ms)...).Scan(&tok, &rem)
 		switch {
+		case err == nil && tok != nil && ctx.Err() != nil:
+			payload := hex.EncodeToString(id)
+			_ = l.pool.QueryRow(qctx, l.sql.release, l.args(id, []byte(owner), payload)...).Scan(new(string))
+			return 0, l.fail(ctx, "acquire", ctx.Err())
 		case err == nil && tok != nil:
 			if *tok <= 0 {
 				return 0, errors.New("postgres: acquire: unexpected token")
@@ -377,4 +387,15 @@ func checkCall(key, owner string, ttl time.Duration) (int64, error) {
 		return 0, fmt.Errorf("postgres: empty owner: %w", driver.ErrInvalid)
 	}
 	return ttlMillis(ttl)
+}
+
+// outlive returns a context that ends grace after ctx does (or when the
+// returned cancel is called), for a statement whose reply must be known.
+func outlive(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	g, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(grace, cancel) })
+	return g, func() {
+		stop()
+		cancel()
+	}
 }

@@ -77,6 +77,8 @@ func Open(ctx context.Context, dsn string) (*Locker, error) {
 	defer cancel()
 	if err := check(cctx, c, clients); err != nil {
 		_ = l.Close()
+		// A socket deadline taken from ctx can fire just before ctx does.
+		rediscore.SettleDeadline(ctx, err)
 		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
 			err = fmt.Errorf("redis: open: %w (%w)", cerr, err)
 		}

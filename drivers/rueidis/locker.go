@@ -97,10 +97,21 @@ func Open(ctx context.Context, dsn string) (*Locker, error) {
 	}
 	w := newCSCWaiter()
 	w.perNode = c.Options.NodeTimeout
+	var l *Locker
 	if c.redlock() {
-		return openRedlock(ctx, c, w)
+		l, err = openRedlock(ctx, c, w)
+	} else {
+		l, err = openDeployment(ctx, c, w)
 	}
-	return openDeployment(ctx, c, w)
+	if err != nil {
+		// A socket deadline taken from ctx can fire just before ctx does.
+		rediscore.SettleDeadline(ctx, err)
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			err = fmt.Errorf("rueidis: open: %w (%w)", cerr, err)
+		}
+		return nil, err
+	}
+	return l, nil
 }
 
 // openDeployment is Open for a single server, a Cluster or a Sentinel

@@ -52,6 +52,9 @@ type Redlock struct {
 	closed atomic.Bool
 	retMS  string
 
+	closeMu sync.Mutex     // orders enter against Close
+	bg      sync.WaitGroup // acquires in flight and their clean-ups: Close waits for them
+
 	// abandoned, when set (tests), is called with the per-node outcomes of
 	// an acquire whose ctx ended mid-round, once the clean-up is done.
 	abandoned func([]grant)
@@ -169,6 +172,11 @@ func (r *Redlock) Acquire(ctx context.Context, key, owner string, ttl time.Durat
 	if err := r.check(ctx, key, owner, ttl, true, true); err != nil {
 		return 0, err
 	}
+	exit, ok := r.enter()
+	if !ok {
+		return 0, r.p.errorf("redlock acquire: %w", driver.ErrClosed)
+	}
+	defer exit()
 	start := time.Now()
 	ttl = r.Capabilities().RoundTTL(ttl)
 	lock, counter, ch := Keys(r.o.Prefix, key)
@@ -217,7 +225,7 @@ func (a *redlockAttempt) vote(ctx context.Context, key string) ([]result, error)
 	gate := r.gate(key)
 	res := make([]result, n)
 	if finish := r.acquireRound(ctx, []int{gate}, res, a.keys, a.owner, ms, r.retMS); finish != nil {
-		go r.abandon(ctx, finish, res, a.lock, a.ch, a.owner)
+		r.background(func() { r.abandon(ctx, finish, res, a.lock, a.ch, a.owner) })
 		return nil, r.p.errorf("redlock acquire: %w", ctx.Err())
 	}
 	if g := r.p.parseGrant(res[gate].v, res[gate].err); g.kind == grantHeld {
@@ -230,7 +238,7 @@ func (a *redlockAttempt) vote(ctx context.Context, key string) ([]result, error)
 		}
 	}
 	if finish := r.acquireRound(ctx, others, res, a.keys, a.owner, ms, r.retMS); finish != nil {
-		go r.abandon(ctx, finish, res, a.lock, a.ch, a.owner)
+		r.background(func() { r.abandon(ctx, finish, res, a.lock, a.ch, a.owner) })
 		return nil, r.p.errorf("redlock acquire: %w", ctx.Err())
 	}
 	return res, nil
@@ -278,7 +286,7 @@ func (a *redlockAttempt) confirm(ctx context.Context, t redlockTally) (uint64, e
 		return t.maxToken, nil
 	}
 	if err := ctx.Err(); err != nil {
-		go r.cleanup(ctx, a.lock, a.ch, a.owner, t.grants, t.maxToken)
+		r.background(func() { r.cleanup(ctx, a.lock, a.ch, a.owner, t.grants, t.maxToken) })
 		return 0, r.p.errorf("redlock acquire: %w", err)
 	}
 	r.cleanup(ctx, a.lock, a.ch, a.owner, t.grants, t.maxToken)
@@ -294,7 +302,7 @@ func (a *redlockAttempt) refused(ctx context.Context, t redlockTally, res []resu
 	r := a.r
 	n := len(r.conns)
 	if err := ctx.Err(); err != nil {
-		go r.cleanup(ctx, a.lock, a.ch, a.owner, t.grants, 0)
+		r.background(func() { r.cleanup(ctx, a.lock, a.ch, a.owner, t.grants, 0) })
 		return r.p.errorf("redlock acquire: %w", err)
 	}
 	r.cleanup(ctx, a.lock, a.ch, a.owner, t.grants, 0)
@@ -605,12 +613,27 @@ func (r *Redlock) Ping(ctx context.Context) error {
 	return AsUnavailable(r.p.errorf("redlock ping: %d of %d nodes answered (quorum %d): %w", ok, len(r.conns), r.q, first))
 }
 
-// Close closes every Conn. It is idempotent; later calls of every method
-// return driver.ErrClosed.
+// Close gives acquires in flight and the clean-ups of abandoned acquires up
+// to a second, then closes every Conn. It is idempotent; later calls of
+// every method return driver.ErrClosed.
 func (r *Redlock) Close() error {
-	if r.closed.Swap(true) {
+	r.closeMu.Lock()
+	already := r.closed.Swap(true)
+	r.closeMu.Unlock()
+	if already {
 		return nil
 	}
+	idle := make(chan struct{})
+	go func() {
+		r.bg.Wait()
+		close(idle)
+	}()
+	t := time.NewTimer(time.Second)
+	select {
+	case <-idle:
+	case <-t.C:
+	}
+	t.Stop()
 	var errs []error
 	for _, c := range r.conns {
 		errs = append(errs, c.Close())
@@ -623,4 +646,27 @@ func (r *Redlock) Close() error {
 func lockAndQueue(lock string) []string {
 	ql, qz := QueueKeys(lock)
 	return []string{lock, ql, qz}
+}
+
+// enter registers an acquire that Close waits for, with its clean-ups (see
+// background); exit ends it. ok is false once Close has begun.
+func (r *Redlock) enter() (exit func(), ok bool) {
+	r.closeMu.Lock()
+	defer r.closeMu.Unlock()
+	if r.closed.Load() {
+		return nil, false
+	}
+	r.bg.Add(1)
+	return r.bg.Done, true
+}
+
+// background runs fn, a clean-up of an acquire, in its own goroutine; Close
+// waits for it (up to a second). It is called only inside an entered
+// acquire, so the count is never zero when it is raised.
+func (r *Redlock) background(fn func()) {
+	r.bg.Add(1)
+	go func() {
+		defer r.bg.Done()
+		fn()
+	}()
 }
