@@ -75,12 +75,41 @@
 // for now only drivers/mem does, and on any other every call fails before
 // any I/O with an error matching errors.ErrUnsupported.
 //
+// # Elections
+//
+// Locker.Election(name) is a leader election on the lock of the key
+// ElectionPrefix + name: the holder leads, its fencing token is its term,
+// and its owner carries the value it campaigned with. Campaign waits to be
+// elected and returns the leader's Lock; Lead runs a function while this
+// process leads (its context is cancelled when the lead is lost, before
+// anyone else can be elected) and campaigns again; Leader and Observe show
+// who leads. It works on every driver that implements driver.Inspector; on
+// any other every call fails before any I/O with an error matching
+// errors.ErrUnsupported.
+//
 // # Lease policy
 //
 // WithMaxHold bounds how long a lock is held, however long the work runs:
 // at the bound renewal stops, Lost closes and the lock is released.
 // WithMinHold keeps the key taken for a minimum time after the grant even if
 // the work releases it earlier: the lock is left to expire at the bound.
+// Both count from Lock.Granted, the moment the winning call returned (the
+// latest the grant can have been, so neither bound is shorter than from
+// the grant), however long the call waited; the safe deadline counts from
+// the start of the request.
+//
+// # Closing
+//
+// Locker.Close is a barrier: it cuts short the calls in flight that wait,
+// waits for every call in flight to finish, releases every lock held
+// through the Locker and any grant made during Close (owner-checked), and
+// closes the driver last. Calls it cut short, and every call after it,
+// return errors matching ErrClosed, never ErrUnavailable. A second Close,
+// concurrent or later, waits for the first and returns nil. Close does not
+// wait for Do's fn: it cancels fn's context and releases its lock. Where a
+// lock lives in a server session (driver.Capabilities.LockerBound,
+// PostgreSQL advisory mode), the server may keep a key whose acquire Close
+// cut short for a moment after Close returns.
 //
 // # Observability
 //

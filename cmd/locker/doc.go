@@ -1,5 +1,6 @@
-// Command locker runs a program under a distributed lock, shows who holds a
-// lock, and benchmarks a lock backend.
+// Command locker runs a program under a distributed lock or only while it
+// leads an election, shows who holds a lock or leads, and benchmarks a lock
+// backend.
 //
 // Install it from a checkout with
 //
@@ -96,7 +97,9 @@
 // were failing. As at a safe deadline, with --on-lost term the job's
 // process group gets SIGTERM --grace before the bound (at most D/2 before)
 // and SIGKILL at it; with kill, SIGKILL at the bound; with ignore the job
-// runs on without the lock. locker exits 123.
+// runs on without the lock. locker exits 123. Both --max-hold and
+// --min-hold count from the grant (locker.Lock.Granted), never from the
+// start of a wait for the lock.
 //
 // --min-hold is for cron fleets (locker.WithMinHold): a release before D
 // after the grant leaves the key taken, by nobody's work, until then, when
@@ -111,6 +114,23 @@
 // and does not exit, until the bound. Bad values (negative, a min hold
 // longer than the max hold, not a duration) are usage errors (125),
 // reported before the backend is opened.
+//
+// # locker run --elect
+//
+//	locker run --elect VALUE [flags] KEY -- COMMAND [ARGS...]
+//
+// runs COMMAND only while this locker leads the election KEY
+// (locker.Locker.Election; its lock is the key locker/election/KEY),
+// campaigning with VALUE, which locker leader shows. LOCKER_TOKEN is the
+// term: larger for every leader of KEY. When the lead is being lost, the
+// job is stopped as for a lost lock (see "Loss") and locker campaigns
+// again rather than exiting. When the command exits on its own, locker
+// resigns and exits with its code. A forwarded signal (SIGTERM, ...) while
+// leading goes to the job; once the job has exited locker resigns, so the
+// next candidate is elected at once, and returns the job's exit code. A
+// terminating signal N while campaigning exits 128+N. --max-hold bounds
+// each term; --min-hold with --elect is a usage error (125); --wait and
+// --limit are ignored.
 //
 // # Exit codes
 //
@@ -130,7 +150,11 @@
 //	        parameter, or a backend that fails otherwise
 //	126     the command was found but could not be started
 //	127     the command was not found
-//	128+N   locker was stopped by signal N while waiting for the lock
+//	128+N   locker was stopped by signal N while waiting for the lock, or
+//	        while campaigning with --elect
+//
+// With --elect a lost lead is not an exit: the job is stopped and locker
+// campaigns again.
 //
 // locker itself is quiet unless -v is given; each error is one line on
 // stderr, starting with "locker: ".
@@ -167,6 +191,25 @@
 // any permit is held and 1 when none is. Its JSON has, in place of holder,
 // token and remaining_ms, the fields limit (N) and holders, a list of
 // objects with those three fields.
+//
+// # locker leader
+//
+//	locker leader [--url URL] [-o text|json] [--watch] KEY
+//
+// prints the leader of the election KEY (its value, term and remaining
+// TTL) and exits 0, or prints that nobody leads and exits 1. It exits 122
+// when the backend cannot be reached, and 125 on other errors, including a
+// backend that cannot report who holds a lock. With --watch it prints the
+// leader, then one line for every change (a new term, or nobody), until
+// SIGINT, SIGTERM or SIGHUP, and then exits 0. With -o json each line is
+// one JSON object with stable field names:
+//
+//	election      string  KEY
+//	leader        bool    whether someone leads; absent if that could not be told
+//	value         string  the leader's VALUE        } only when
+//	term          number  its term                  } leader is
+//	remaining_ms  number  its TTL left, in whole ms } true
+//	error         string  what went wrong, if anything
 //
 // # locker bench
 //
