@@ -197,6 +197,13 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(context.Context) er
 	if err != nil {
 		return err
 	}
+	return doHeld(ctx, lk, fn)
+}
+
+// doHeld runs fn under lk, with a context cancelled (cause: lk.Err()) when
+// lk is lost, and releases lk when fn returns or panics: Do, and the Do
+// methods of semaphores and read-write locks.
+func doHeld(ctx context.Context, lk *Lock, fn func(context.Context) error) (err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	stopWatch := make(chan struct{})
 	go func() {
@@ -211,7 +218,7 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(context.Context) er
 		cancel(nil)
 		select {
 		case <-lk.Lost():
-			return prefix("do", key, fmt.Errorf("lock lost while fn ran: %w", lk.Err()))
+			return prefix("do", lk.key, fmt.Errorf("lock lost while fn ran: %w", lk.Err()))
 		default:
 		}
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
