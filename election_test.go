@@ -609,7 +609,7 @@ func TestElectionLeadRetries(t *testing.T) {
 	}
 	// One more failure after the cap is reached (2s, jittered).
 	n := len(f.failures())
-	waitFor(t, 10*time.Second, "another retry", func() bool { return len(f.failures()) > n+1 })
+	waitFor(t, 10*time.Second, "another retry", func() bool { return len(f.failures()) > n })
 	f.fail.Store(false)
 	cleared := time.Now()
 	at := f.failures()
@@ -621,7 +621,7 @@ func TestElectionLeadRetries(t *testing.T) {
 	if len(at) > 20 {
 		t.Errorf("%d campaigns in %v: no backoff", len(at), at[len(at)-1].Sub(at[0]))
 	}
-	const most = 2*time.Second*12/10 + 300*time.Millisecond // the cap, its jitter, a loaded machine
+	const most = 2*time.Second*12/10 + 600*time.Millisecond // the cap, its jitter, a loaded machine
 	for _, g := range gaps {
 		if g > most {
 			t.Errorf("a gap of %v between campaigns, more than %v", g, most)
