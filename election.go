@@ -323,16 +323,20 @@ func (e *Election) leader(ctx context.Context) (Leader, string, error) {
 // increase; a change it could not see (two leaders in quick succession)
 // shows as a jump in terms. Renewals of the same leader are not changes.
 //
-// How soon a change is seen depends on what the driver can tell: a
-// driver.HoldWatcher on the leader's grant (etcd, Redis on one deployment,
-// file) reports the end of a term as it happens; otherwise a driver.Waiter
-// (mem, PostgreSQL lease mode, Redlock) reports releases. Once a term has
-// ended, Observe reads the holder again at once and then at 2ms, 4ms, …,
-// up to every 100ms until someone leads. While a leader holds, it reads the
-// holder every 100ms unless the Waiter covers releases (then when the
-// lock would expire, and at least every 2s). So a change is seen within
-// 100ms plus one round trip on every backend, and within a few round trips
-// of the grant where the backend notifies.
+// How soon a change is seen depends on what the driver can tell. Where
+// the driver is a driver.HoldWatcher (etcd, Redis on one deployment,
+// file), Observe watches the leader's grant: the watch reports a term that
+// another process or the server ended (the key taken over or deleted, a
+// session ended) when the driver sees it, but never the leader's own
+// resign, and not on every backend a lease that ran out; so while a leader
+// holds, Observe also reads the holder every 100ms. Otherwise a
+// driver.Waiter (mem, PostgreSQL lease mode, Redlock) reports releases,
+// and Observe reads the holder when the lock would expire, and at least
+// every 2s; with neither, every 100ms. Once a term has ended, Observe
+// reads the holder again at once and then at 2ms, 4ms, …, up to every
+// 100ms until someone leads. So a change is seen within 100ms plus one
+// round trip on every backend, and within a few round trips where the
+// driver reports it.
 //
 // An error reading the holder is yielded with a zero Leader; the
 // sequence then goes on, retrying with backoff (up to 2s), unless the

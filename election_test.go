@@ -448,3 +448,197 @@ func TestElectionMetrics(t *testing.T) {
 	m2.expect(t, 1, "locker.hold.duration", "locker.kind=election", "locker.key=all")
 	m2.expect(t, 1, "locker.hold.duration", "locker.kind=mutex", "locker.key=all")
 }
+
+// flaky wraps a mem Locker (with its Inspector, without its Waiter) and
+// injects faults into Acquire: with fail set, every call fails with
+// errTransient without reaching the store; with hang set, a call makes the
+// grant and then never answers, until its context ends, as when the reply
+// is lost. It records when each failed call came.
+type flaky struct {
+	driver.Locker
+	fail, hang atomic.Bool
+
+	mu     sync.Mutex
+	failed []time.Time
+}
+
+func (f *flaky) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	if f.fail.Load() {
+		f.mu.Lock()
+		f.failed = append(f.failed, time.Now())
+		f.mu.Unlock()
+		return 0, errTransient
+	}
+	tok, err := f.Locker.Acquire(ctx, key, owner, ttl)
+	if err == nil && f.hang.Load() {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
+	return tok, err
+}
+
+func (f *flaky) Inspect(ctx context.Context, key string) (driver.Info, error) {
+	return f.Locker.(driver.Inspector).Inspect(ctx, key)
+}
+
+func (f *flaky) failures() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]time.Time(nil), f.failed...)
+}
+
+// TestElectionCampaignLeavesNothing: a Campaign that fails or is cancelled
+// leaves nothing held, though the server made the grant: the grant whose
+// reply never came is released in the background, at once (not at the
+// lock's 30s TTL), and Close waits for that release. A Campaign cancelled
+// while it waits for another leader takes nothing either.
+func TestElectionCampaignLeavesNothing(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	s := mem.NewStore()
+	other := locker.New(s.Locker())
+	defer other.Close()
+	free := func() bool {
+		_, err := other.Election("e").Leader(ctx)
+		return errors.Is(err, locker.ErrNotHeld)
+	}
+	takeAndGive := func(what string) {
+		t.Helper()
+		lk, err := other.TryAcquire(ctx, locker.ElectionPrefix+"e")
+		if err != nil {
+			t.Fatalf("%s: the election's key is not free: %v", what, err)
+		}
+		_ = lk.Release(ctx)
+	}
+
+	// Cancelled in flight: the grant is made, the reply never comes.
+	f := &flaky{Locker: s.Locker()}
+	f.hang.Store(true)
+	a := locker.New(f)
+	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	lk, err := a.Election("e").Campaign(cctx, "a")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || lk != nil {
+		t.Fatalf("Campaign whose reply never came: %v, %v; want DeadlineExceeded", lk, err)
+	}
+	at := time.Now()
+	waitFor(t, time.Second, "the release of the grant whose reply was lost", free)
+	t.Logf("the election's key was free %v after the cancelled Campaign returned", time.Since(at).Round(time.Microsecond))
+	takeAndGive("cancelled in flight")
+	a.Close()
+
+	// The same, with Close right after: Close waits for the clean-up.
+	f = &flaky{Locker: s.Locker()}
+	f.hang.Store(true)
+	a = locker.New(f)
+	cctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err = a.Election("e").Campaign(cctx, "a")
+	cancel()
+	if err == nil {
+		t.Fatal("Campaign whose reply never came succeeded")
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !free() {
+		t.Fatal("the election's key is still held once Close returned")
+	}
+	takeAndGive("closed")
+
+	// Cancelled while waiting for another leader: nothing taken, then or
+	// once that leader resigns.
+	b := locker.New(s.Locker())
+	defer b.Close()
+	lb, err := b.Election("e").Campaign(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a = locker.New(s.Locker())
+	defer a.Close()
+	cctx, cancel = context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		lk, err := a.Election("e").Campaign(cctx, "a")
+		if lk != nil {
+			_ = lk.Release(ctx)
+		}
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let it wait (either way, it must take nothing)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Campaign cancelled while waiting: %v, want Canceled", err)
+	}
+	if err := lb.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !free() {
+		t.Fatal("the election's key is held after the only leader resigned")
+	}
+	takeAndGive("cancelled while waiting")
+}
+
+// TestElectionLeadRetries: while every campaign fails with a backend
+// error, Lead goes on campaigning, backing off (not a busy loop, and never
+// more than 2s between attempts, with jitter); once the backend answers
+// again it is elected, within that backoff, and runs fn.
+func TestElectionLeadRetries(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	f := &flaky{Locker: mem.NewStore().Locker()}
+	f.fail.Store(true)
+	l := locker.New(f)
+	defer l.Close()
+	errStop := errors.New("stop")
+	elected := make(chan uint64, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- l.Election("e").Lead(ctx, "v", func(_ context.Context, term uint64) error {
+			elected <- term
+			return errStop
+		})
+	}()
+	// Until the backoff has reached a gap of at least 1s (5ms doubling:
+	// about 1.3s of failures).
+	waitFor(t, 10*time.Second, "a retry 1s after the one before", func() bool {
+		at := f.failures()
+		return len(at) > 1 && at[len(at)-1].Sub(at[len(at)-2]) >= time.Second
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("Lead returned while the backend failed: %v", err)
+	default:
+	}
+	// One more failure after the cap is reached (2s, jittered).
+	n := len(f.failures())
+	waitFor(t, 10*time.Second, "another retry", func() bool { return len(f.failures()) > n })
+	f.fail.Store(false)
+	cleared := time.Now()
+	at := f.failures()
+	var gaps []time.Duration
+	for i := 1; i < len(at); i++ {
+		gaps = append(gaps, at[i].Sub(at[i-1]).Round(time.Millisecond))
+	}
+	t.Logf("%d failed campaigns, gaps %v", len(at), gaps)
+	if len(at) > 20 {
+		t.Errorf("%d campaigns in %v: no backoff", len(at), at[len(at)-1].Sub(at[0]))
+	}
+	const most = 2*time.Second*12/10 + 600*time.Millisecond // the cap, its jitter, a loaded machine
+	for _, g := range gaps {
+		if g > most {
+			t.Errorf("a gap of %v between campaigns, more than %v", g, most)
+		}
+	}
+	select {
+	case term := <-elected:
+		t.Logf("elected (term %d) %v after the backend answered again", term, time.Since(cleared).Round(time.Millisecond))
+		if d := time.Since(cleared); d > most {
+			t.Errorf("elected %v after the backend answered again, more than %v", d, most)
+		}
+	case err := <-done:
+		t.Fatalf("Lead returned before being elected: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not elected within 10s of the backend answering again")
+	}
+	if err := <-done; !errors.Is(err, errStop) {
+		t.Fatalf("Lead: %v, want fn's error", err)
+	}
+}

@@ -98,8 +98,7 @@ func WithMaxHold(d time.Duration) Option {
 // It does not keep alive a lock that is lost, nor one left unrenewed (see
 // WithAutoRenew). The default, 0, frees the key at Release. A negative d,
 // or one longer than a non-zero WithMaxHold, fails with ErrInvalid before
-// any I/O. Tested by TestMinHold and, on PostgreSQL, drivers/postgres
-// TestHoldPolicy.
+// any I/O.
 func WithMinHold(d time.Duration) Option {
 	return func(o *options) { o.minHold = d }
 }

@@ -184,13 +184,33 @@ func (o *runOpts) parse(fs *flag.FlagSet, args []string, stdout io.Writer) (code
 	case o.maxHold > 0 && o.minHold > o.maxHold:
 		return usage("--min-hold %v is longer than --max-hold %v", o.minHold, o.maxHold)
 	}
-	if o.elected && o.minHold > 0 {
-		return usage("--min-hold does not apply with --elect: a leader that stops resigns at once")
+	if o.elected {
+		if msg := electConflict(fs, o); msg != "" {
+			return usage("%s", msg)
+		}
 	}
 	if !o.grace.set {
 		o.grace.d = defaultGrace(o.ttl)
 	}
 	return 0, true
+}
+
+// electConflict names a flag given with --elect that does not apply to an
+// election ("" if none): --min-hold (a leader that stops resigns at once),
+// --wait (a candidate campaigns until elected or interrupted) and --limit
+// (an election has one leader).
+func electConflict(fs *flag.FlagSet, o *runOpts) string {
+	wait := false
+	fs.Visit(func(f *flag.Flag) { wait = wait || f.Name == "wait" })
+	switch {
+	case o.minHold > 0:
+		return "--min-hold does not apply with --elect: a leader that stops resigns at once"
+	case wait:
+		return "--wait does not apply with --elect: a candidate campaigns until it is elected or interrupted"
+	case o.limit.set:
+		return "--limit does not apply with --elect: an election has one leader"
+	}
+	return ""
 }
 
 func (o *runOpts) run() int {
