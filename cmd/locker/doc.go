@@ -129,8 +129,8 @@
 // leading goes to the job; once the job has exited locker resigns, so the
 // next candidate is elected at once, and returns the job's exit code. A
 // terminating signal N while campaigning exits 128+N. --max-hold bounds
-// each term; --min-hold with --elect is a usage error (125); --wait and
-// --limit are ignored.
+// each term; --min-hold, --wait and --limit with --elect are usage errors
+// (125).
 //
 // # Exit codes
 //
