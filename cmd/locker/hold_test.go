@@ -229,7 +229,7 @@ func TestRunMaxHoldCountsFromGrant(t *testing.T) {
 }
 
 func runMaxHoldCountsFromGrant(t *testing.T, url string) {
-	const maxHold = time.Second
+	const maxHold = 3 * time.Second // long enough for a -race child to start and print "ready" on a loaded machine
 	a := start(t, nil, append([]string{"run", "--url", url, "job", "--"}, child("signals")...)...)
 	a.expect(t, "ready")
 	b := start(t, nil, append([]string{"run", "-v", "--url", url, "--wait", "1m", "--max-hold", maxHold.String(), "--on-lost", "kill", "job", "--"}, child("signals")...)...)
