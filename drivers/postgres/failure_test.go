@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -265,4 +266,75 @@ func TestAcquireWaitCancel(t *testing.T) {
 		t.Fatalf("after the cancelled wait: %v", err)
 	}
 	_ = a.Release(ctxFor(t, 30*time.Second), key, "third")
+}
+
+// An AcquireWait blocked in the server and cut short, by its context or by
+// Close, right as the holder lets go leaves nothing behind the moment it
+// returns: the key is neither held nor waited for on the server, whether
+// or not the wait was granted before the cut (a grant that wins the race
+// is returned and released).
+func TestAcquireWaitCutShortLeavesNothing(t *testing.T) {
+	url := serverURL(t)
+	a, probe := openT(t, url), openT(t, url)
+	p := poolT(t, url)
+	ctx := ctxFor(t, 2*time.Minute)
+	const rounds = 40
+	cut := 0
+	for i := range rounds {
+		key := fmt.Sprintf("cutshort/%d/%d", time.Now().UnixNano(), i)
+		if _, err := a.Acquire(ctx, key, "holder", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		b := openT(t, url)
+		wctx, cancel := context.WithCancel(ctx)
+		type result struct {
+			tok uint64
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			tok, err := b.AcquireWait(wctx, key, "waiter", time.Minute)
+			got <- result{tok, err}
+		}()
+		for deadline := time.Now().Add(10 * time.Second); queuedFor(t, p, key) != 1; {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the waiter was not queued within 10s", i)
+			}
+			time.Sleep(2 * time.Millisecond) // polling the server is the check
+		}
+		relErr := make(chan error, 1)
+		go func() { relErr <- a.Release(ctx, key, "holder") }()
+		time.Sleep(time.Duration(i%8) * 250 * time.Microsecond)
+		if i%2 == 0 {
+			cancel()
+		} else {
+			_ = b.Close()
+		}
+		r := <-got
+		cancel()
+		if r.err == nil {
+			if err := b.Release(ctx, key, "waiter"); err != nil {
+				t.Fatalf("round %d: releasing the grant that won the race: %v", i, err)
+			}
+		} else {
+			if !errors.Is(r.err, context.Canceled) && !errors.Is(r.err, driver.ErrClosed) {
+				t.Fatalf("round %d: AcquireWait: %v, want Canceled or ErrClosed", i, r.err)
+			}
+			cut++
+			if in, err := probe.Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
+				t.Fatalf("round %d: the moment the cut-short AcquireWait returned, Inspect = %+v, %v; want ErrNotHeld", i, in, err)
+			}
+			if n := queuedFor(t, p, key); n != 0 {
+				t.Fatalf("round %d: %d waits still queued the moment the cut-short AcquireWait returned", i, n)
+			}
+		}
+		if err := <-relErr; err != nil {
+			t.Fatalf("round %d: the holder's Release: %v", i, err)
+		}
+		_ = b.Close()
+	}
+	t.Logf("%d of %d waits cut short", cut, rounds)
+	if cut == 0 {
+		t.Fatal("no wait was cut short: the race was never run")
+	}
 }
