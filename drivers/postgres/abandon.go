@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -43,11 +42,9 @@ func (l *advisoryLocker) runGuarded(ctx context.Context, conn *pgxpool.Conn, wai
 	qctx, qcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer qcancel()
 	pgc := conn.Conn().PgConn()
-	var cancelled atomic.Bool
 	cancelDone := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		defer close(cancelDone)
-		cancelled.Store(true)
 		force := time.AfterFunc(cancelGrace, qcancel)
 		defer force.Stop()
 		cctx, ccancel := context.WithTimeout(context.Background(), cancelGrace)
