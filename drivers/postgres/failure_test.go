@@ -271,8 +271,8 @@ func TestAcquireWaitCancel(t *testing.T) {
 // An AcquireWait blocked in the server and cut short, by its context or by
 // Close, right as the holder lets go leaves nothing behind the moment it
 // returns: the key is neither held nor waited for on the server, whether
-// or not the wait was granted before the cut (a grant that wins the race
-// is returned and released).
+// or not the wait was granted before the cut. A grant that wins the race
+// is returned; Close releases it before it returns.
 func TestAcquireWaitCutShortLeavesNothing(t *testing.T) {
 	url := serverURL(t)
 	a, probe := openT(t, url), openT(t, url)
@@ -312,11 +312,17 @@ func TestAcquireWaitCutShortLeavesNothing(t *testing.T) {
 		}
 		r := <-got
 		cancel()
-		if r.err == nil {
+		switch {
+		case r.err == nil && i%2 == 1:
+			// Close came after the grant, and released it.
+			if in, err := probe.Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
+				t.Fatalf("round %d: the moment Close returned, the grant that won the race: Inspect = %+v, %v; want ErrNotHeld", i, in, err)
+			}
+		case r.err == nil:
 			if err := b.Release(ctx, key, "waiter"); err != nil {
 				t.Fatalf("round %d: releasing the grant that won the race: %v", i, err)
 			}
-		} else {
+		default:
 			if !errors.Is(r.err, context.Canceled) && !errors.Is(r.err, driver.ErrClosed) {
 				t.Fatalf("round %d: AcquireWait: %v, want Canceled or ErrClosed", i, r.err)
 			}
