@@ -344,3 +344,55 @@ func TestAcquireWaitCutShortLeavesNothing(t *testing.T) {
 		t.Fatal("no wait was cut short: the race was never run")
 	}
 }
+
+// The fallback of a cut-short wait whose cancel request the server did not
+// act on: its connection is closed without telling the server (the backend
+// stays queued in the lock manager, where it does not read its socket),
+// and abandon terminates that backend before it returns, so the key is
+// neither waited for nor, after the holder lets go, taken by it.
+func TestAbandonTerminatesQueuedBackend(t *testing.T) {
+	url := serverURL(t)
+	a := openT(t, url)
+	p := poolT(t, url)
+	ctx := ctxFor(t, time.Minute)
+	key := fmt.Sprintf("abandon/%d", time.Now().UnixNano())
+	if _, err := a.Acquire(ctx, key, "holder", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	l := a.adv
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adv := AdvisoryKey(DefaultNamespace, key)
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(context.Background(), `SELECT pg_advisory_lock($1)`, adv)
+		done <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); queuedFor(t, p, key) != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the wait was not queued within 10s")
+		}
+		time.Sleep(2 * time.Millisecond) // polling the server is the check
+	}
+	_ = conn.Conn().PgConn().Conn().Close() // the socket only: the server is not told
+	if err := <-done; err == nil {
+		t.Fatal("the wait on a closed socket succeeded")
+	}
+	if n := queuedFor(t, p, key); n != 1 {
+		t.Fatalf("%d waits queued after the socket closed, want the one left behind", n)
+	}
+	start := time.Now()
+	l.abandon(conn, adv)
+	t.Logf("abandon took %v", time.Since(start))
+	if n := queuedFor(t, p, key); n != 0 {
+		t.Fatalf("%d waits still queued once abandon returned", n)
+	}
+	if err := a.Release(ctx, key, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	if in, err := a.Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("after the holder's release: Inspect = %+v, %v; want ErrNotHeld (the abandoned wait took the key)", in, err)
+	}
+}
