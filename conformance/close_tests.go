@@ -134,7 +134,7 @@ func (s *suite) closeRace(ctx context.Context, c closeRaceCall, other *locker.Lo
 		return fmt.Errorf("Close: %w", err)
 	}
 	if c.name != "QueuedAcquire" {
-		if err := s.freeSoon(ctx, probe, key); err != nil {
+		if err := s.free(ctx, probe, key); err != nil {
 			return fmt.Errorf("the moment Close returned: %w", err)
 		}
 	}
@@ -148,7 +148,7 @@ func (s *suite) closeRace(ctx context.Context, c closeRaceCall, other *locker.Lo
 		return err
 	}
 	if c.name == "QueuedAcquire" {
-		if err := s.freeSoon(ctx, probe, key); err != nil {
+		if err := s.free(ctx, probe, key); err != nil {
 			return fmt.Errorf("after Close and the holder's release: %w", err)
 		}
 	}
@@ -176,26 +176,6 @@ func checkClosedCall(lk *locker.Lock, err error) error {
 		return fmt.Errorf("a lock Close released: Err() = %v, want one matching CauseClosed and ErrClosed", lk.Err())
 	}
 	return nil
-}
-
-// freeSoon is free, at once; except that where locks live in the
-// driver's sessions (Capabilities.LockerBound), a session the driver ended
-// by closing its connection (a grant whose reply Close cut short) may
-// still show for a moment on the server, which ends it on its own (and a
-// wait in that session may even be granted the key before it ends): there
-// it allows wakeBound.
-func (s *suite) freeSoon(ctx context.Context, probe driver.Locker, key string) error {
-	err := s.free(ctx, probe, key)
-	if err == nil || !s.caps.LockerBound {
-		return err
-	}
-	for deadline := time.Now().Add(wakeBound); time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
-		if err = s.free(ctx, probe, key); err == nil {
-			return nil
-		}
-	}
-	return err
 }
 
 // free checks that nobody holds key: Inspect says so where the driver has

@@ -8,7 +8,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-locker/locker/driver"
@@ -88,16 +87,23 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 // unreachable, TLS or authentication failure, no free connection slot),
 // driver.ErrClosed, ctx.Err(), ErrStandby or ErrPooler; a failure leaves
 // nothing held (a connection in doubt is closed, which ends its session).
+// When ctx ends during the statement, a grant it made is undone before
+// Acquire returns, as for AcquireWait.
 func (l *advisoryLocker) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
 	return l.acquire(ctx, key, owner, ttl, false)
 }
 
 // AcquireWait is Acquire that blocks in the server's lock manager
 // (pg_advisory_lock) until key is granted or ctx is done. Cancellation sends
-// the server a cancel request, which removes the wait from the lock queue;
-// if the server does not act on it within 250ms the connection is closed,
-// which also ends the wait. A grant that races with cancellation is undone
-// by closing its connection. While it waits it holds one connection.
+// the server a cancel request, which removes the wait from the lock queue,
+// and a grant that raced with it is unlocked before AcquireWait returns; if
+// the server does not act on the cancel request within 250ms, the
+// connection is closed and its backend, if it still waits for or holds the
+// key, is terminated from another connection and waited for. Either way,
+// once AcquireWait returns its session neither waits for nor holds key
+// (this clean-up is bounded by 1s, past which the server ends the session
+// once it notices the closed connection). While it waits it holds one
+// connection.
 //
 // Once the wait has reached the server, losing its session (a terminated
 // backend, a server crash or restart, a reset connection) does not end it:
@@ -379,7 +385,11 @@ func parseHolder(s string) time.Duration {
 // nothing in the statement changes the session unless the lock is granted)
 // or, after an error, is closed.
 func (l *advisoryLocker) tryOn(ctx context.Context, conn *pgxpool.Conn, c *call) (*hold, error) {
-	r, err := l.run(ctx, conn, false, c)
+	r, cut, err := l.runGuarded(ctx, conn, false, c)
+	if cut {
+		l.abandon(conn, c.adv)
+		return nil, l.fail(ctx, "acquire", ctx.Err())
+	}
 	if err != nil {
 		destroy(conn)
 		return nil, l.fail(ctx, "acquire", sqlError(err))
@@ -400,33 +410,10 @@ func (l *advisoryLocker) tryOn(ctx context.Context, conn *pgxpool.Conn, c *call)
 // ended by the session's own lock_timeout or statement_timeout (err nil), or
 // its session was lost (err says how).
 func (l *advisoryLocker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call) (h *hold, retry bool, err error) {
-	// The statement runs under a context that ctx does not cancel: pgx's
-	// default reaction to cancellation is to close the socket, which leaves
-	// the backend queued in the lock manager (and later holding the lock)
-	// until it notices. We send a cancel request instead.
-	qctx, qcancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer qcancel()
-	pgc := conn.Conn().PgConn()
-	var cancelled atomic.Bool
-	cancelDone := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(cancelDone)
-		cancelled.Store(true)
-		force := time.AfterFunc(cancelGrace, qcancel)
-		defer force.Stop()
-		cctx, ccancel := context.WithTimeout(context.Background(), cancelGrace)
-		defer ccancel()
-		_ = pgc.CancelRequest(cctx)
-		// Do not reuse the connection before the wait has ended.
-		<-qctx.Done()
-	})
-	r, err := l.run(qctx, conn, true, c)
-	qcancel() // lets the AfterFunc return
-	if !stop() {
-		<-cancelDone
-		// ctx is done: whatever happened, drop the session, which ends
-		// a wait still queued and frees a grant that raced the cancel.
-		destroy(conn)
+	r, cut, err := l.runGuarded(ctx, conn, true, c)
+	if cut {
+		// ctx is done: whatever happened, leave nothing queued or held.
+		l.abandon(conn, c.adv)
 		return nil, false, l.fail(ctx, "acquire", ctx.Err())
 	}
 	if err != nil {

@@ -116,6 +116,9 @@ func parseDSN(dsn string) (*config, error) {
 	if err := checkSchema(c.schema); err != nil {
 		return nil, err
 	}
+	if err := checkNamespace(c.namespace); err != nil {
+		return nil, err
+	}
 	_, hasMax := q["pool_max_conns"]
 	// Encode writes a space as "+", which pgx's URL parser keeps as a
 	// plus sign (options=-c%20name=value would reach the server as
@@ -156,4 +159,14 @@ func redact(err error) error {
 		return fmt.Errorf("%s", ue.Err)
 	}
 	return err
+}
+
+// checkNamespace rejects a namespace that contains a NUL byte: keys are
+// hashed as namespace, NUL, key (see AdvisoryKey), so with a NUL in the
+// namespace two distinct namespace and key pairs could hash alike.
+func checkNamespace(ns string) error {
+	if strings.IndexByte(ns, 0) >= 0 {
+		return fmt.Errorf("postgres: namespace %q contains a NUL byte: %w", ns, driver.ErrInvalid)
+	}
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-locker/locker/driver"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func TestParseDSN(t *testing.T) {
@@ -45,6 +46,7 @@ func TestParseDSNInvalid(t *testing.T) {
 		"postgres://h/db?pool_max_conns=zero",
 		"postgres://h/db?sslmode=sometimes",
 		"://nope",
+		"postgres://h/db?namespace=a%00b", // NUL: could collide (see AdvisoryKey)
 	} {
 		if _, err := parseDSN(dsn); !errors.Is(err, driver.ErrInvalid) {
 			t.Errorf("parseDSN(%q) = %v, want ErrInvalid", dsn, err)
@@ -151,5 +153,20 @@ func TestNewAdoptsPool(t *testing.T) {
 	}
 	if _, err := l.Acquire(context.Background(), "k", "o", time.Minute); !errors.Is(err, driver.ErrClosed) {
 		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// A namespace with a NUL byte is refused by New too, before any I/O (the
+// pool here points at nothing).
+func TestNewNamespaceNUL(t *testing.T) {
+	p, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, mode := range []string{ModeAdvisory, ModeLease} {
+		if _, err := New(context.Background(), p, &Options{Mode: mode, Namespace: "a\x00b"}); !errors.Is(err, driver.ErrInvalid) {
+			t.Errorf("New with a NUL in the namespace (%s): %v, want ErrInvalid", mode, err)
+		}
 	}
 }

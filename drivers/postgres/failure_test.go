@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -265,4 +266,133 @@ func TestAcquireWaitCancel(t *testing.T) {
 		t.Fatalf("after the cancelled wait: %v", err)
 	}
 	_ = a.Release(ctxFor(t, 30*time.Second), key, "third")
+}
+
+// An AcquireWait blocked in the server and cut short, by its context or by
+// Close, right as the holder lets go leaves nothing behind the moment it
+// returns: the key is neither held nor waited for on the server, whether
+// or not the wait was granted before the cut. A grant that wins the race
+// is returned; Close releases it before it returns.
+func TestAcquireWaitCutShortLeavesNothing(t *testing.T) {
+	url := serverURL(t)
+	a, probe := openT(t, url), openT(t, url)
+	p := poolT(t, url)
+	ctx := ctxFor(t, 2*time.Minute)
+	const rounds = 40
+	cut := 0
+	for i := range rounds {
+		key := fmt.Sprintf("cutshort/%d/%d", time.Now().UnixNano(), i)
+		if _, err := a.Acquire(ctx, key, "holder", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		b := openT(t, url)
+		wctx, cancel := context.WithCancel(ctx)
+		type result struct {
+			tok uint64
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			tok, err := b.AcquireWait(wctx, key, "waiter", time.Minute)
+			got <- result{tok, err}
+		}()
+		for deadline := time.Now().Add(10 * time.Second); queuedFor(t, p, key) != 1; {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the waiter was not queued within 10s", i)
+			}
+			time.Sleep(2 * time.Millisecond) // polling the server is the check
+		}
+		relErr := make(chan error, 1)
+		go func() { relErr <- a.Release(ctx, key, "holder") }()
+		time.Sleep(time.Duration(i%8) * 250 * time.Microsecond)
+		if i%2 == 0 {
+			cancel()
+		} else {
+			_ = b.Close()
+		}
+		r := <-got
+		cancel()
+		switch {
+		case r.err == nil && i%2 == 1:
+			// Close came after the grant, and released it.
+			if in, err := probe.Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
+				t.Fatalf("round %d: the moment Close returned, the grant that won the race: Inspect = %+v, %v; want ErrNotHeld", i, in, err)
+			}
+		case r.err == nil:
+			if err := b.Release(ctx, key, "waiter"); err != nil {
+				t.Fatalf("round %d: releasing the grant that won the race: %v", i, err)
+			}
+		default:
+			if !errors.Is(r.err, context.Canceled) && !errors.Is(r.err, driver.ErrClosed) {
+				t.Fatalf("round %d: AcquireWait: %v, want Canceled or ErrClosed", i, r.err)
+			}
+			cut++
+			if in, err := probe.Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
+				t.Fatalf("round %d: the moment the cut-short AcquireWait returned, Inspect = %+v, %v; want ErrNotHeld", i, in, err)
+			}
+			if n := queuedFor(t, p, key); n != 0 {
+				t.Fatalf("round %d: %d waits still queued the moment the cut-short AcquireWait returned", i, n)
+			}
+		}
+		if err := <-relErr; err != nil {
+			t.Fatalf("round %d: the holder's Release: %v", i, err)
+		}
+		_ = b.Close()
+	}
+	t.Logf("%d of %d waits cut short", cut, rounds)
+	if cut == 0 {
+		t.Fatal("no wait was cut short: the race was never run")
+	}
+}
+
+// The fallback of a cut-short wait whose cancel request the server did not
+// act on: its connection is closed without telling the server (the backend
+// stays queued in the lock manager, where it does not read its socket),
+// and abandon terminates that backend before it returns, so the key is
+// neither waited for nor, after the holder lets go, taken by it.
+func TestAbandonTerminatesQueuedBackend(t *testing.T) {
+	url := serverURL(t)
+	a := openT(t, url)
+	p := poolT(t, url)
+	ctx := ctxFor(t, time.Minute)
+	key := fmt.Sprintf("abandon/%d", time.Now().UnixNano())
+	if _, err := a.Acquire(ctx, key, "holder", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	l := a.adv
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adv := AdvisoryKey(DefaultNamespace, key)
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(context.Background(), `SELECT pg_advisory_lock($1)`, adv)
+		done <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); queuedFor(t, p, key) != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the wait was not queued within 10s")
+		}
+		time.Sleep(2 * time.Millisecond) // polling the server is the check
+	}
+	_ = conn.Conn().PgConn().Conn().Close() // the socket only: the server is not told
+	if err := <-done; err == nil {
+		t.Fatal("the wait on a closed socket succeeded")
+	}
+	if n := queuedFor(t, p, key); n != 1 {
+		t.Fatalf("%d waits queued after the socket closed, want the one left behind", n)
+	}
+	start := time.Now()
+	l.abandon(conn, adv)
+	t.Logf("abandon took %v", time.Since(start))
+	if n := queuedFor(t, p, key); n != 0 {
+		t.Fatalf("%d waits still queued once abandon returned", n)
+	}
+	if err := a.Release(ctx, key, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	if in, err := a.Inspect(ctx, key); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("after the holder's release: Inspect = %+v, %v; want ErrNotHeld (the abandoned wait took the key)", in, err)
+	}
 }

@@ -13,7 +13,9 @@ import (
 // SHA-256(namespace || 0x00 || key), as a signed int64. It is stable across
 // versions and processes, so any client can compute it (for example to
 // look a lock up in pg_locks, where it shows as classid = the high 32 bits,
-// objid = the low 32 bits, objsubid = 1).
+// objid = the low 32 bits, objsubid = 1). Open and New reject a namespace
+// that contains a NUL byte, so distinct namespace and key pairs in use
+// always hash distinct inputs.
 //
 // Two distinct keys collide with probability 2^-64; among n keys in use at
 // once the chance that any two collide is about n²/2^65 (one in 37 million

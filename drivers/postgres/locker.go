@@ -21,7 +21,8 @@ type Options struct {
 	// it is created if missing. Default DefaultSchema.
 	Schema string
 	// Namespace is hashed with every key (see AdvisoryKey); Lockers
-	// coordinate only within one namespace. Default DefaultNamespace.
+	// coordinate only within one namespace. Default DefaultNamespace. A
+	// namespace containing a NUL byte is driver.ErrInvalid.
 	Namespace string
 	// SweepInterval is how often a lease-mode Locker deletes long-expired
 	// rows of the lease table (with ±20% jitter). Default
@@ -147,6 +148,9 @@ func adoptConfig(pool *pgxpool.Pool, opts *Options) (*config, error) {
 		c.sweepEvery, c.sweepAge = opts.SweepInterval, opts.SweepAge
 	}
 	if err := checkSchema(c.schema); err != nil {
+		return nil, err
+	}
+	if err := checkNamespace(c.namespace); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -154,10 +154,14 @@ func (l *advisoryLocker) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close ends every held lock at once by closing its pinned connection (the
-// server then frees the lock; nothing goes back to the pool holding one),
-// aborts waits in progress, and closes the pool if Open created it. It is
-// idempotent; later calls of every method return driver.ErrClosed.
+// Close aborts calls in progress (each leaves nothing held or queued on the
+// server, see AcquireWait) and waits for them, then ends every held lock:
+// it unlocks it on its pinned connection, all locks at once, and closes
+// the connection (nothing goes back to the pool holding a lock; a lock
+// whose unlock fails or takes over 1s ends with its session, once the
+// server notices the closed connection). Then it closes the pool if Open
+// created it. It is idempotent; later calls of every method return
+// driver.ErrClosed.
 func (l *advisoryLocker) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -172,14 +176,16 @@ func (l *advisoryLocker) Close() error {
 	slots := l.slots
 	l.slots = map[string]*slot{}
 	l.mu.Unlock()
+	var wg sync.WaitGroup
 	for _, s := range slots {
 		s.mu.Lock()
 		if h := s.h; h != nil {
 			l.setHold(s, nil)
-			destroy(h.conn)
+			wg.Go(func() { letGo(h.conn) })
 		}
 		s.mu.Unlock()
 	}
+	wg.Wait()
 	l.mu.Lock()
 	w, p := l.watcher, l.prober
 	l.watcher, l.prober = nil, nil
