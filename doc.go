@@ -106,10 +106,7 @@
 // closes the driver last. Calls it cut short, and every call after it,
 // return errors matching ErrClosed, never ErrUnavailable. A second Close,
 // concurrent or later, waits for the first and returns nil. Close does not
-// wait for Do's fn: it cancels fn's context and releases its lock. Where a
-// lock lives in a server session (driver.Capabilities.LockerBound,
-// PostgreSQL advisory mode), the server may keep a key whose acquire Close
-// cut short for a moment after Close returns.
+// wait for Do's fn: it cancels fn's context and releases its lock.
 //
 // # Observability
 //

@@ -80,7 +80,8 @@
 //     can use a sequence an administrator created (CACHE 1, NO CYCLE; USAGE
 //     granted).
 //   - namespace (default "locker"): hashed with every key, so that programs
-//     sharing a database do not collide (see AdvisoryKey).
+//     sharing a database do not collide (see AdvisoryKey); it may not
+//     contain a NUL byte. Keys and owners are opaque bytes, NUL included.
 //   - mode (default "advisory"): "advisory" or "lease"; anything else is an
 //     error wrapping driver.ErrInvalid.
 //
@@ -214,8 +215,12 @@
 // server's lock manager with pg_advisory_lock: a release or expiry grants
 // the lock to the next waiter in the server, with no polling. Cancelling
 // the context sends the server a cancel request, which takes the waiter out
-// of the queue (if the server does not act within 250ms the connection is
-// closed, which also does). The lock_timeout and statement_timeout of the
+// of the queue; a grant that raced the cancel is unlocked before the call
+// returns. If the server does not act on the cancel within 250ms, the
+// connection is closed and its backend is terminated and waited for. Either
+// way nothing is queued or held when the call returns (the clean-up is
+// bounded by 1s), and the same holds for an Acquire cut short. Close unlocks
+// the locks still held before it closes their connections. The lock_timeout and statement_timeout of the
 // session, if set, only make the wait start over, and so does the loss of
 // the waiting session (terminated, crash, restart), once the server is
 // back.
