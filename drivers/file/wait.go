@@ -64,11 +64,17 @@ func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 // inotify watcher if one can be had (s.w is nil otherwise), registered with
 // l so that Close ends it. After Close it returns driver.ErrClosed.
 func (l *Locker) newSubscription(key string) (*subscription, error) {
+	return l.watchFile(key, l.Path(key), fileName(key))
+}
+
+// watchFile starts a subscription to the events on the file name (at path)
+// of key's lock, as newSubscription does for its mutex.
+func (l *Locker) watchFile(key, path, name string) (*subscription, error) {
 	s := &subscription{
 		l:    l,
 		key:  key,
-		path: l.Path(key),
-		name: fileName(key),
+		path: path,
+		name: name,
 		wake: make(chan struct{}, 1),
 		poke: make(chan struct{}, 1),
 		done: make(chan struct{}),
