@@ -515,7 +515,7 @@ func helperMain() int {
 		fmt.Println("done")
 		return 0
 	}
-	return 2
+	return sharedHelper(l, mode, arg)
 }
 
 func incrementFenced(dir string, token uint64) error {

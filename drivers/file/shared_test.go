@@ -1,0 +1,360 @@
+package file
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/opaquetest"
+)
+
+func srq(mode driver.SharedMode, owner string, ttl time.Duration, n int, wait bool) driver.SharedRequest {
+	return driver.SharedRequest{Mode: mode, Owner: owner, TTL: ttl, Limit: n, Wait: wait}
+}
+
+// sharedHelper runs in a helper process (see helperMain): "permit" takes a
+// permit of a semaphore of 2 on key arg through package locker, renewed,
+// says "permit" and waits to be killed; "waitwrite" waits for the write
+// lock of key arg until killed.
+func sharedHelper(l *Locker, mode, key string) int {
+	ctx := context.Background()
+	switch mode {
+	case "permit":
+		lk, err := locker.New(l).Semaphore(key, 2).Acquire(ctx, locker.WithTTL(200*time.Millisecond), locker.WithOwner("child"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Println("permit")
+		<-lk.Lost()
+		fmt.Fprintln(os.Stderr, "lost:", lk.Err())
+		return 1
+	case "waitwrite":
+		_, err := l.AcquireShared(ctx, key, srq(driver.SharedWrite, "child", time.Minute, 0, true))
+		fmt.Fprintln(os.Stderr, "granted:", err)
+		return 1
+	}
+	return 2
+}
+
+// record reads the shared record of key's semaphore (rw false) or
+// read-write lock.
+func record(t *testing.T, l *Locker, key string, rw bool) sharedRec {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(l.Dir(), sharedFileName(key, rw)))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	r, err := decodeShared(b)
+	if err != nil {
+		t.Fatalf("%v: %q", err, b)
+	}
+	return r
+}
+
+// waitQueued waits until the lock has n queued requests.
+func waitQueued(t *testing.T, l *Locker, key string, rw bool, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(record(t, l, key, rw).queue) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests queued, want %d", len(record(t, l, key, rw).queue), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A permit holder in another process, renewing, is killed with SIGKILL:
+// its permit comes back to a waiter within 100ms after its lease ends, not
+// before, and the other holder keeps its permit.
+func TestSharedCrash(t *testing.T) {
+	dir := t.TempDir()
+	a, b := open(t, dir), open(t, dir)
+	ctx := ctxT(t)
+	const key, ttl = "uploads", 200 * time.Millisecond
+	if _, err := a.AcquireShared(ctx, key, srq(driver.SharedPermit, "parent", time.Minute, 2, false)); err != nil {
+		t.Fatal(err)
+	}
+	h := startHelper(t, dir, "permit", key)
+	h.expect(t, "permit")
+	granted := make(chan error, 1)
+	var at time.Time
+	go func() {
+		_, err := b.AcquireShared(ctx, key, srq(driver.SharedPermit, "next", time.Minute, 2, true))
+		at = time.Now()
+		granted <- err
+	}()
+	waitQueued(t, a, key, false, 1)
+	// The child renews: its permit outlives its TTL.
+	time.Sleep(2 * ttl)
+	select {
+	case err := <-granted:
+		t.Fatalf("the waiter was granted (%v) while the child renews its permit", err)
+	default:
+	}
+	if err := h.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.cmd.Wait()
+	t0 := time.Now()
+	hs, err := a.InspectShared(ctx, key, driver.SharedPermit)
+	t1 := time.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(hs, func(h driver.SharedInfo) bool { return h.Owner == "child" })
+	if i < 0 || len(hs) != 2 {
+		t.Fatalf("holders after the kill: %+v, want the parent and the child", hs)
+	}
+	earliest, latest := t0.Add(hs[i].Remaining), t1.Add(hs[i].Remaining)
+	if err := <-granted; err != nil {
+		t.Fatal(err)
+	}
+	if at.Before(earliest) || at.After(latest.Add(100*time.Millisecond)) {
+		t.Fatalf("the dead child's permit came back %v after its lease ended, want within [0, 100ms]", at.Sub(earliest))
+	}
+	t.Logf("the permit came back %v after the dead child's lease ended", at.Sub(earliest))
+	if err := a.RefreshShared(ctx, key, driver.SharedPermit, "parent", time.Minute); err != nil {
+		t.Fatalf("the parent lost its permit with the child's: %v", err)
+	}
+}
+
+// A waiting writer whose process is killed blocks readers no more: its
+// entry is dropped at the next settle and its waiter file removed.
+func TestSharedDeadWaiter(t *testing.T) {
+	dir := t.TempDir()
+	a := open(t, dir)
+	ctx := ctxT(t)
+	const key = "catalog"
+	if _, err := a.AcquireShared(ctx, key, srq(driver.SharedRead, "r0", time.Minute, 0, false)); err != nil {
+		t.Fatal(err)
+	}
+	h := startHelper(t, dir, "waitwrite", key)
+	waitQueued(t, a, key, true, 1)
+	_, err := a.AcquireShared(ctx, key, srq(driver.SharedRead, "r1", time.Minute, 0, false))
+	if !errors.Is(err, driver.ErrNotAcquired) {
+		t.Fatalf("a read behind the waiting writer: %v, want ErrNotAcquired", err)
+	}
+	if err := h.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.cmd.Wait()
+	if _, err := a.AcquireShared(ctx, key, srq(driver.SharedRead, "r1", time.Minute, 0, false)); err != nil {
+		t.Fatalf("a read after the waiting writer died: %v", err)
+	}
+	if r := record(t, a, key, true); len(r.queue) != 0 || len(r.holders) != 2 {
+		t.Fatalf("record after: %+v, want the two readers and no waiter", r)
+	}
+	for _, name := range entries(t, dir) {
+		if strings.HasSuffix(name, ".wait") {
+			t.Fatalf("the dead waiter's file %s is left", name)
+		}
+	}
+}
+
+// Writer preference under load: 8 readers in their own Lockers take and
+// release read holds in a loop; a writer that starts waiting is granted
+// once the reads in force at its arrival end (each is held 2ms), within
+// a second, and holds alone.
+func TestSharedWriterStarvation(t *testing.T) {
+	dir := t.TempDir()
+	ctx := ctxT(t)
+	const key = "catalog"
+	var reads, holding atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		l := open(t, dir)
+		owner := fmt.Sprint("reader", i)
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := l.AcquireShared(ctx, key, srq(driver.SharedRead, owner, time.Minute, 0, true)); err != nil {
+					errs <- err
+					return
+				}
+				holding.Add(1)
+				reads.Add(1)
+				time.Sleep(2 * time.Millisecond)
+				holding.Add(-1)
+				if err := l.ReleaseShared(ctx, key, driver.SharedRead, owner); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for reads.Load() < 32 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	w := open(t, dir)
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := w.AcquireShared(wctx, key, srq(driver.SharedWrite, "writer", time.Minute, 0, true)); err != nil {
+		t.Fatalf("the writer, after %v of readers looping: %v", time.Since(start), err)
+	}
+	waited := time.Since(start)
+	if n := holding.Load(); n != 0 {
+		t.Errorf("%d readers hold beside the writer", n)
+	}
+	before := reads.Load()
+	if err := w.ReleaseShared(ctx, key, driver.SharedWrite, "writer"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the writer waited %v among 8 looping readers (%d reads before it)", waited, before)
+	if waited > time.Second {
+		t.Errorf("the writer waited %v, want within 1s", waited)
+	}
+	for reads.Load() < before+8 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if reads.Load() < before+8 {
+		t.Error("the readers did not resume after the writer's release")
+	}
+}
+
+// Keys and owners are opaque for shared holds too: for every name of
+// opaquetest.Names, a permit and a write hold are listed with the exact
+// owner, handed to a waiter in another Locker on release, and no two keys,
+// nor a key's semaphore and read-write lock, interfere.
+func TestSharedOpaqueKeys(t *testing.T) {
+	var ho opaquetest.Handoffs
+	defer func() { ho.Check(t) }()
+	dir := t.TempDir()
+	a, b := open(t, dir), open(t, dir)
+	ctx := ctxT(t)
+	names := opaquetest.Names
+	for i, key := range names {
+		owner, next := names[(i+1)%len(names)], names[(i+2)%len(names)]
+		for _, mode := range []driver.SharedMode{driver.SharedPermit, driver.SharedWrite} {
+			if _, err := a.AcquireShared(ctx, key, srq(mode, owner, time.Minute, 1, false)); err != nil {
+				t.Fatalf("%v of %q: %v", mode, key, err)
+			}
+			got := make(chan error, 1)
+			var at time.Time
+			go func() {
+				_, err := b.AcquireShared(ctx, key, srq(mode, next, time.Minute, 1, true))
+				at = time.Now()
+				got <- err
+			}()
+			waitQueued(t, a, key, mode.RW(), 1)
+			released := time.Now()
+			if err := a.ReleaseShared(ctx, key, mode, owner); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-got:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(opaquetest.HandoffMax):
+				t.Fatalf("%v of %q not handed over within %v", mode, key, opaquetest.HandoffMax)
+			}
+			ho = append(ho, at.Sub(released))
+		}
+	}
+	for i, key := range names {
+		next := names[(i+2)%len(names)]
+		for _, mode := range []driver.SharedMode{driver.SharedPermit, driver.SharedRead} {
+			hs, err := a.InspectShared(ctx, key, mode)
+			want := driver.SharedPermit
+			if mode.RW() {
+				want = driver.SharedWrite
+			}
+			if err != nil || len(hs) != 1 || hs[0].Owner != next || hs[0].Mode != want {
+				t.Errorf("InspectShared(%q, %v) = %+v, %v; want %q alone, %v", key, mode, hs, err, next, want)
+			}
+		}
+	}
+	if n := len(entries(t, dir)); n != 2*len(names) {
+		t.Errorf("%d files for %d keys' semaphores and read-write locks, want %d", n, len(names), 2*len(names))
+	}
+}
+
+// Waiters for a permit in separate Lockers are granted one per release,
+// in arrival order.
+func TestSharedFIFO(t *testing.T) {
+	dir := t.TempDir()
+	a := open(t, dir)
+	ctx := ctxT(t)
+	if _, err := a.AcquireShared(ctx, "k", srq(driver.SharedPermit, "h", time.Minute, 1, false)); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		i   int
+		err error
+	}
+	out := make(chan result, 4)
+	for i := range 4 {
+		l := open(t, dir)
+		go func() {
+			_, err := l.AcquireShared(ctx, "k", srq(driver.SharedPermit, fmt.Sprint(i), time.Minute, 1, true))
+			out <- result{i, err}
+		}()
+		waitQueued(t, a, "k", false, i+1)
+	}
+	holder := "h"
+	for i := range 4 {
+		if err := a.ReleaseShared(ctx, "k", driver.SharedPermit, holder); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-out:
+			if r.err != nil || r.i != i {
+				t.Fatalf("release %d granted waiter %d (%v), want %d", i, r.i, r.err, i)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no waiter granted")
+		}
+		holder = fmt.Sprint(i)
+	}
+}
+
+// The record format: holders and waiters with any bytes in their owners
+// survive a round trip, and bytes past the counted lines (a writer killed
+// before its truncate) are ignored.
+func TestSharedRecord(t *testing.T) {
+	r := sharedRec{boot: "b", floor: 9, key: " k\n\x00\xff",
+		holders: []sharedHolder{{token: 7, mode: driver.SharedRead, expires: 5, owner: "a b\n"}, {token: 9, mode: driver.SharedRead, expires: -1, via: "ab12", owner: ""}},
+		queue:   []sharedEntry{{id: "cd34", mode: driver.SharedWrite, limit: 0, ttl: time.Second, owner: "\"w\""}},
+	}
+	b := r.encode(nil)
+	b = append(b, "h 1 w 2 - \"stale\"\n"...)
+	got, err := decodeShared(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(r) {
+		t.Fatalf("decoded %+v, want %+v", got, r)
+	}
+	for _, bad := range []string{"s1 b 1 1 0 \"k\"\n", "s2 b 1 0 0 \"k\"\n", "s1 b 1 0 0 k\n", "s1 b 1 0 1 \"k\"\nq x z 1 1 \"o\"\n"} {
+		if _, err := decodeShared([]byte(bad)); err == nil {
+			t.Errorf("decoded %q", bad)
+		}
+	}
+}
