@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
 	"golang.org/x/sys/unix"
 )
 
@@ -155,4 +156,43 @@ func BenchmarkHandoff(b *testing.B) {
 		i++
 	}
 	_ = held.Release(ctx)
+}
+
+// BenchmarkSharedAcquireRelease is one uncontended acquire+release of a
+// semaphore permit and of a read hold, beside the mutex's (Mutex, the
+// floor), interleaved in one run.
+func BenchmarkSharedAcquireRelease(b *testing.B) {
+	l, err := Open(context.Background(), "file://"+b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	shared := func(mode driver.SharedMode) func(*testing.B) {
+		return func(b *testing.B) {
+			r := driver.SharedRequest{Mode: mode, Owner: "owner", TTL: time.Minute, Limit: 8}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := l.AcquireShared(ctx, "bench", r); err != nil {
+					b.Fatal(err)
+				}
+				if err := l.ReleaseShared(ctx, "bench", mode, "owner"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	b.Run("Mutex", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := l.Acquire(ctx, "bench", "owner", time.Minute); err != nil {
+				b.Fatal(err)
+			}
+			if err := l.Release(ctx, "bench", "owner"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Semaphore", shared(driver.SharedPermit))
+	b.Run("Read", shared(driver.SharedRead))
 }
