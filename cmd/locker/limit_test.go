@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 )
@@ -34,8 +35,15 @@ func TestLimitRun(t *testing.T) {
 	if code != exitFree || out != `"job" is free (0 of 2 permits held)` {
 		t.Fatalf("status --limit 2 on mem: code %d, out %q, stderr %q", code, out, stderr)
 	}
-	code, _, stderr = run(t, nil, append([]string{"run", "--url", fileURL(t), "--limit", "2", "job", "--"}, child("exit", "0")...)...)
-	if code != exitUsage || !strings.Contains(stderr, "ErrUnsupported") && !strings.Contains(stderr, "unsupported") {
-		t.Fatalf("run --limit on a backend without semaphores: code %d, stderr %q", code, stderr)
+	code, out, stderr = run(t, nil, append([]string{"run", "--url", fileURL(t), "--limit", "2", "job", "--"}, child("exit", "3")...)...)
+	if code != 3 || !strings.HasPrefix(out, "ready token=") || strings.HasPrefix(out, "ready token= ") {
+		t.Fatalf("run --limit 2 on file: code %d, out %q, stderr %q", code, out, stderr)
+	}
+	// test-no-exclusion (bench_test.go, registered in this process) has no
+	// driver.SharedLocker.
+	var so, se bytes.Buffer
+	code = Main(append([]string{"run", "--url", "test-no-exclusion://", "--limit", "2", "job", "--"}, child("exit", "0")...), &so, &se)
+	if code != exitUsage || !strings.Contains(se.String(), "ErrUnsupported") && !strings.Contains(se.String(), "unsupported") {
+		t.Fatalf("run --limit on a backend without semaphores: code %d, stderr %q", code, se.String())
 	}
 }
