@@ -72,8 +72,8 @@
 // preferred. Each hold is a Lock with its own lease, token and loss signal;
 // the mutex, the semaphore and the read-write lock on one key are three
 // different locks. They need a driver that implements driver.SharedLocker:
-// for now only drivers/mem does, and on any other every call fails before
-// any I/O with an error matching errors.ErrUnsupported.
+// for now drivers/mem and drivers/file do, and on any other every call
+// fails before any I/O with an error matching errors.ErrUnsupported.
 //
 // # Elections
 //

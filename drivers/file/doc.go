@@ -84,6 +84,52 @@
 // flock, and the holder's own refreshes and release raise none.
 // Without inotify, grants are not watched and renewal finds the loss.
 //
+// # Semaphores and read-write locks
+//
+// The Locker implements driver.SharedLocker. The semaphore on a key and the
+// read-write lock on it each have a file of their own, Dir()/<hash of
+// key>.sem and .rw, apart from the key's mutex (.lck): three locks. The file
+// holds one line per holder (owner, mode, token, expiry on CLOCK_MONOTONIC
+// with the boot id, as for a mutex) and one per waiting request (owner,
+// mode, limit, TTL), in arrival order. Every operation is one
+// read-modify-write of it under its flock, so the check of the limit and
+// the grant are one atomic step across processes. Each holder is a lease
+// of its own: it expires after its TTL whether its process lives or not,
+// and the others keep theirs. Tokens come from the directory's counter, as
+// for mutexes, floored at the highest token the file ever granted.
+//
+// A request is granted at once only if no request waits ahead of it and it
+// fits beside the holders: a permit while fewer than its own limit hold, a
+// read while no writer holds, a write while nobody holds. Otherwise a
+// one-shot request fails with driver.ErrNotAcquired, and a waiting one is
+// queued. Whoever next rewrites the file (a release, a refresh, an
+// acquire, a waiter) first drops the expired holders, then grants the
+// queue from its head for as long as the head fits: a run of readers, one
+// writer, or permits while they last. So a waiting writer blocks the reads
+// that come after it, and is granted once the holds in force at its
+// arrival end; waiters are served in arrival order. A waiter learns of its
+// grant from the inotify event of that write, and of a holder's expiry from
+// a timer at it, and then re-reads the file, settling it itself if nobody
+// has; without either it re-reads every second (every 50ms without
+// inotify).
+//
+// A waiting request holds an exclusive flock on a waiter file of its own,
+// <lock file>.<id>.wait, named in its queue entry. A process that dies
+// while waiting releases that flock, and the next settle finds the entry
+// dead and drops it, so a dead waiter does not block the queue, and in
+// particular a dead waiting writer does not shut out readers. A wait whose
+// context ends removes its entry, or undoes its grant if one was made
+// meanwhile.
+//
+// Why not flock(2) LOCK_SH and LOCK_EX, or n slot files: a flock lasts as
+// long as its process, where a hold must be a lease that ends after its TTL
+// even while its process lives, be renewed or released from another
+// Locker by its owner, and carry a token; and n slot files cannot check a
+// per-request limit (a request for 2 permits must see every holder, not 2
+// slots) nor queue writers ahead of later readers. flock keeps its place
+// as the short mutual exclusion of each read-modify-write, and as the
+// liveness signal of waiters.
+//
 // # Limits
 //
 //   - One host only. The directory must be on a local file system: flock and
@@ -92,7 +138,9 @@
 //     another URL.
 //   - A key's lock file stays after Release, holding the key's last token
 //     (under 300 bytes plus the key), so that the next token can be floored
-//     by it; so does the token counter file. Remove the files of keys no
+//     by it; so do the files of semaphores and read-write locks, and the
+//     token counter file. A waiter file of a process that died while
+//     waiting stays until the next operation on its lock. Remove the files of keys no
 //     longer used only while no process uses them.
 //   - The record format changed (version 2: monotonic expiry and boot id).
 //     Version 1 records are still read and honoured on the wall clock until

@@ -35,7 +35,8 @@ const (
 
 // Locker keeps leases in lock files in one directory. It implements
 // driver.Locker, driver.Waiter, driver.HoldWatcher, driver.Inspector,
-// driver.Capable and driver.Pinger, and is safe for concurrent use. Lockers opened on the same
+// driver.SharedLocker, driver.Capable and driver.Pinger, and is safe for
+// concurrent use. Lockers opened on the same
 // directory, in one process or many, exclude each other.
 type Locker struct {
 	dir       string
