@@ -97,6 +97,7 @@ func (l *Locker) waitShared(ctx context.Context, key string, req driver.SharedRe
 			d = min(d, w.next+100*time.Microsecond)
 		}
 		timer.Reset(d)
+		settle := false
 		select {
 		case <-ctx.Done():
 			return 0, l.abandonShared(ctx, key, req, w, fmt.Errorf("file: %w", ctx.Err()))
@@ -105,11 +106,44 @@ func (l *Locker) waitShared(ctx context.Context, key string, req driver.SharedRe
 		case <-w.sub.poke:
 		case <-w.sub.wake:
 		case <-timer.C:
+			settle = true
+		}
+		if !settle && l.stillWaiting(ctx, req, key, w) {
+			continue
 		}
 		if tok, done, err := l.checkWaiter(ctx, key, req, w); done {
 			return tok, err
 		}
 	}
+}
+
+// stillWaiting reads the lock's file under a shared flock, so that the
+// waiters woken by one write read it at once, and reports whether w is
+// queued with nothing for it to settle: no expired holder, and a head that
+// does not fit. Otherwise (or if the file cannot be read now) w settles it
+// under the exclusive flock.
+func (l *Locker) stillWaiting(ctx context.Context, req driver.SharedRequest, key string, w *sharedWaiter) bool {
+	f, err := l.openShared(ctx, key, req.Mode.RW(), unix.LOCK_SH, false)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(f.fd)
+	at := now(l.boot)
+	r := &f.rec
+	if r.entry(w.id) < 0 || r.boot != at.boot {
+		return false
+	}
+	for i := range r.holders {
+		if r.holders[i].expires <= at.mono {
+			return false
+		}
+	}
+	head := r.queue[0]
+	if r.holder(head.owner) >= 0 || r.fits(head.mode, head.limit) {
+		return false
+	}
+	w.next = r.nextExpiry(at)
+	return true
 }
 
 // checkWaiter settles the lock's file and reports whether w's wait is over:
