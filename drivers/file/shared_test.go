@@ -297,7 +297,7 @@ func TestSharedOpaqueKeys(t *testing.T) {
 }
 
 // Waiters for a permit in separate Lockers are granted one per release,
-// in arrival order.
+// in arrival order, and leave no waiter file and no open descriptor.
 func TestSharedFIFO(t *testing.T) {
 	dir := t.TempDir()
 	a := open(t, dir)
@@ -332,6 +332,14 @@ func TestSharedFIFO(t *testing.T) {
 			t.Fatal("no waiter granted")
 		}
 		holder = fmt.Sprint(i)
+	}
+	for _, name := range entries(t, dir) {
+		if strings.HasSuffix(name, ".wait") {
+			t.Errorf("waiter file %s left", name)
+		}
+	}
+	if n := openCount(t, filepath.Join(dir, sharedFileName("k", false))); n != 0 {
+		t.Errorf("%d descriptors of the semaphore's file left open", n)
 	}
 }
 
