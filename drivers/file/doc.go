@@ -111,7 +111,9 @@
 // grant from the inotify event of that write, and of a holder's expiry from
 // a timer at it, and then re-reads the file, settling it itself if nobody
 // has; without either it re-reads every second (every 50ms without
-// inotify).
+// inotify). Every write to the file wakes every waiter on that lock in
+// every process to re-read it under a shared flock; only those granted
+// return, and the others wait on without writing.
 //
 // A waiting request holds an exclusive flock on a waiter file of its own,
 // <lock file>.<id>.wait, named in its queue entry. A process that dies
