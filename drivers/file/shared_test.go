@@ -366,3 +366,33 @@ func TestSharedRecord(t *testing.T) {
 		}
 	}
 }
+
+// Without inotify a waiter re-reads the lock's file every pollInterval: a
+// release still reaches it within a few polls.
+func TestSharedPollingFallback(t *testing.T) {
+	noInotify = true
+	t.Cleanup(func() { noInotify = false })
+	dir := t.TempDir()
+	a, b := open(t, dir), open(t, dir)
+	ctx := ctxT(t)
+	if _, err := a.AcquireShared(ctx, "k", srq(driver.SharedWrite, "w", time.Hour, 0, false)); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := b.AcquireShared(ctx, "k", srq(driver.SharedRead, "r", time.Hour, 0, true))
+		got <- err
+	}()
+	waitQueued(t, a, "k", true, 1)
+	if err := a.ReleaseShared(ctx, "k", driver.SharedWrite, "w"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * pollInterval):
+		t.Fatalf("the polling waiter was not granted within %v of the release", 10*pollInterval)
+	}
+}
