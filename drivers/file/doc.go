@@ -110,8 +110,8 @@
 // arrival end; waiters are served in arrival order. A waiter learns of its
 // grant from the inotify event of that write, and of a holder's expiry from
 // a timer at it, and then re-reads the file, settling it itself if nobody
-// has; without either it re-reads every second (every 50ms without
-// inotify). Every write to the file wakes every waiter on that lock in
+// has; without either it re-reads every 250ms (every 50ms without
+// inotify), checking that the waiter at the head of the queue is alive. Every write to the file wakes every waiter on that lock in
 // every process to re-read it under a shared flock; only those granted
 // return, and the others wait on without writing.
 //

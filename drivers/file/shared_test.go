@@ -130,7 +130,9 @@ func TestSharedCrash(t *testing.T) {
 }
 
 // A waiting writer whose process is killed blocks readers no more: its
-// entry is dropped at the next settle and its waiter file removed.
+// entry is dropped at the next settle, by the reader queued behind it
+// within sharedFallback when nothing else happens, and its waiter file is
+// removed.
 func TestSharedDeadWaiter(t *testing.T) {
 	dir := t.TempDir()
 	a := open(t, dir)
@@ -145,15 +147,31 @@ func TestSharedDeadWaiter(t *testing.T) {
 	if !errors.Is(err, driver.ErrNotAcquired) {
 		t.Fatalf("a read behind the waiting writer: %v, want ErrNotAcquired", err)
 	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := open(t, dir).AcquireShared(ctx, key, srq(driver.SharedRead, "r2", time.Minute, 0, true))
+		got <- err
+	}()
+	waitQueued(t, a, key, true, 2)
 	if err := h.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	_ = h.cmd.Wait()
+	killed := time.Now()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("the reader behind the dead writer was granted %v after the kill", time.Since(killed))
+	case <-time.After(3 * sharedFallback):
+		t.Fatalf("the reader behind the dead writer was not granted within %v", 3*sharedFallback)
+	}
 	if _, err := a.AcquireShared(ctx, key, srq(driver.SharedRead, "r1", time.Minute, 0, false)); err != nil {
 		t.Fatalf("a read after the waiting writer died: %v", err)
 	}
-	if r := record(t, a, key, true); len(r.queue) != 0 || len(r.holders) != 2 {
-		t.Fatalf("record after: %+v, want the two readers and no waiter", r)
+	if r := record(t, a, key, true); len(r.queue) != 0 || len(r.holders) != 3 {
+		t.Fatalf("record after: %+v, want the three readers and no waiter", r)
 	}
 	for _, name := range entries(t, dir) {
 		if strings.HasSuffix(name, ".wait") {

@@ -25,10 +25,11 @@ import (
 // that flock, and the next settle drops its entry instead of granting it.
 
 // sharedFallback is how long a waiter waits for an event before it re-reads
-// its lock's file anyway: the bound on noticing a waiter ahead of it that
-// died while nothing else happened. Releases, grants and expiries wake it
-// at once.
-const sharedFallback = time.Second
+// its lock's file anyway, under a shared flock, and checks that the waiter
+// at the head of the queue is alive: the bound on noticing a waiter ahead
+// of it that died while nothing else happened. Releases, grants and
+// expiries wake it at once.
+const sharedFallback = 250 * time.Millisecond
 
 // abandonTimeout bounds the clean-up of a wait that ended with its ctx:
 // taking the flock to remove its entry, or its grant.
@@ -83,21 +84,22 @@ func (w *sharedWaiter) stop() {
 
 // waitShared waits for the grant of the queued request w, re-reading the
 // lock's file on each event, at the first holder's expiry, and after
-// sharedFallback without either (every pollInterval without inotify).
+// sharedFallback without either (every pollInterval without inotify), when
+// it also checks that the waiter at the head of the queue is alive.
 func (l *Locker) waitShared(ctx context.Context, key string, req driver.SharedRequest, w *sharedWaiter) (uint64, error) {
 	defer w.stop()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		d := sharedFallback
+		d, expiry := sharedFallback, false
 		if w.sub.w == nil {
 			d = pollInterval
 		}
-		if w.next > 0 {
-			d = min(d, w.next+100*time.Microsecond)
+		if w.next > 0 && w.next+100*time.Microsecond < d {
+			d, expiry = w.next+100*time.Microsecond, true
 		}
 		timer.Reset(d)
-		settle := false
+		settle, probe := false, false
 		select {
 		case <-ctx.Done():
 			return 0, l.abandonShared(ctx, key, req, w, fmt.Errorf("file: %w", ctx.Err()))
@@ -106,9 +108,9 @@ func (l *Locker) waitShared(ctx context.Context, key string, req driver.SharedRe
 		case <-w.sub.poke:
 		case <-w.sub.wake:
 		case <-timer.C:
-			settle = true
+			settle, probe = expiry, true
 		}
-		if !settle && l.stillWaiting(ctx, req, key, w) {
+		if !settle && l.stillWaiting(ctx, req, key, w, probe) {
 			continue
 		}
 		if tok, done, err := l.checkWaiter(ctx, key, req, w); done {
@@ -120,9 +122,9 @@ func (l *Locker) waitShared(ctx context.Context, key string, req driver.SharedRe
 // stillWaiting reads the lock's file under a shared flock, so that the
 // waiters woken by one write read it at once, and reports whether w is
 // queued with nothing for it to settle: no expired holder, and a head that
-// does not fit. Otherwise (or if the file cannot be read now) w settles it
-// under the exclusive flock.
-func (l *Locker) stillWaiting(ctx context.Context, req driver.SharedRequest, key string, w *sharedWaiter) bool {
+// does not fit (and, with probe, whose waiter is alive). Otherwise (or if
+// the file cannot be read now) w settles it under the exclusive flock.
+func (l *Locker) stillWaiting(ctx context.Context, req driver.SharedRequest, key string, w *sharedWaiter, probe bool) bool {
 	f, err := l.openShared(ctx, key, req.Mode.RW(), unix.LOCK_SH, false)
 	if err != nil {
 		return false
@@ -140,6 +142,9 @@ func (l *Locker) stillWaiting(ctx context.Context, req driver.SharedRequest, key
 	}
 	head := r.queue[0]
 	if r.holder(head.owner) >= 0 || r.fits(head.mode, head.limit) {
+		return false
+	}
+	if probe && head.id != w.id && !l.waiterAlive(f.name, head.id) {
 		return false
 	}
 	w.next = r.nextExpiry(at)
