@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -78,6 +79,25 @@ type SharedRequest struct {
 	// request that ends with ctx leaves nothing held and nothing queued.
 	// Without Wait the call makes one attempt.
 	Wait bool
+}
+
+// CheckMode returns an error wrapping ErrInvalid, without a driver's
+// prefix, if m is not a valid SharedMode; nil otherwise.
+func CheckMode(m SharedMode) error {
+	if !m.Valid() {
+		return fmt.Errorf("%w: unknown shared mode %d", ErrInvalid, m)
+	}
+	return nil
+}
+
+// CheckLimit returns an error wrapping ErrInvalid, without a driver's
+// prefix, if r asks for a SharedPermit with a Limit outside
+// 1..MaxSharedLimit; nil otherwise. It checks neither the mode nor the TTL.
+func CheckLimit(r SharedRequest) error {
+	if r.Mode == SharedPermit && (r.Limit < 1 || r.Limit > MaxSharedLimit) {
+		return fmt.Errorf("%w: semaphore limit must be 1 to %d, got %d", ErrInvalid, MaxSharedLimit, r.Limit)
+	}
+	return nil
 }
 
 // SharedInfo describes one holder of a semaphore or read-write lock.

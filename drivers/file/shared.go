@@ -31,8 +31,8 @@ type sharedFile struct {
 }
 
 func checkShared(mode driver.SharedMode) error {
-	if !mode.Valid() {
-		return fmt.Errorf("file: %w: unknown shared mode %d", driver.ErrInvalid, mode)
+	if err := driver.CheckMode(mode); err != nil {
+		return fmt.Errorf("file: %w", err)
 	}
 	return nil
 }
@@ -41,8 +41,8 @@ func checkRequest(req driver.SharedRequest) error {
 	if err := checkShared(req.Mode); err != nil {
 		return err
 	}
-	if req.Mode == driver.SharedPermit && (req.Limit < 1 || req.Limit > driver.MaxSharedLimit) {
-		return fmt.Errorf("file: %w: semaphore limit must be 1 to %d, got %d", driver.ErrInvalid, driver.MaxSharedLimit, req.Limit)
+	if err := driver.CheckLimit(req); err != nil {
+		return fmt.Errorf("file: %w", err)
 	}
 	return nil
 }

@@ -54,8 +54,8 @@ type sharedWaiter struct {
 }
 
 func checkShared(mode driver.SharedMode) error {
-	if !mode.Valid() {
-		return fmt.Errorf("mem: %w: unknown shared mode %d", driver.ErrInvalid, mode)
+	if err := driver.CheckMode(mode); err != nil {
+		return fmt.Errorf("mem: %w", err)
 	}
 	return nil
 }
@@ -67,8 +67,8 @@ func checkRequest(req driver.SharedRequest) error {
 	if err := checkTTL(req.TTL); err != nil {
 		return err
 	}
-	if req.Mode == driver.SharedPermit && (req.Limit < 1 || req.Limit > driver.MaxSharedLimit) {
-		return fmt.Errorf("mem: %w: semaphore limit must be 1 to %d, got %d", driver.ErrInvalid, driver.MaxSharedLimit, req.Limit)
+	if err := driver.CheckLimit(req); err != nil {
+		return fmt.Errorf("mem: %w", err)
 	}
 	return nil
 }
