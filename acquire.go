@@ -159,10 +159,35 @@ func (l *Locker) adoptAt(key string, o options, token uint64, start, granted tim
 	return lk, nil
 }
 
-// cleanupKey releases key for owner (see cleanup).
+// cleanupKey releases key for owner (see cleanup). A Release that fails
+// without an answer from the backend (a node timeout while the network is
+// cut) is tried again, after a growing pause, until the clean-up's timeout
+// or until Close begins: the lost grant must not stay until its TTL.
 func (l *Locker) cleanupKey(key, owner string) {
-	l.cleanup(func(ctx context.Context) { _ = l.drv.Release(ctx, key, owner) })
+	l.cleanup(func(ctx context.Context) {
+		pause := cleanupRetryMin
+		for {
+			err := l.drv.Release(ctx, key, owner)
+			if err == nil || errors.Is(err, ErrNotHeld) || errors.Is(err, ErrClosed) || errors.Is(err, ErrInvalid) || l.isClosed() {
+				return
+			}
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+			pause = min(2*pause, cleanupRetryMax)
+		}
+	})
 }
+
+// The pauses between the tries of a clean-up Release.
+const (
+	cleanupRetryMin = 50 * time.Millisecond
+	cleanupRetryMax = 500 * time.Millisecond
+)
 
 // cleanup runs fn, a clean-up on the server, in the background with its
 // own 5s timeout. Close waits for it before it closes the driver; once the
@@ -518,4 +543,11 @@ func jitter(d time.Duration) time.Duration {
 		return 0
 	}
 	return d*8/10 + mrand.N(d*4/10+1)
+}
+
+// isClosed reports whether Close has begun.
+func (l *Locker) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
 }

@@ -27,6 +27,30 @@ func TestAmbiguousAcquireLeavesNothing(t *testing.T) {
 	}
 }
 
+// The clean-up of a lost reply tries its Release again while it fails
+// without an answer (a node timeout while the network is cut), so the
+// grant ends long before its TTL.
+func TestLostReplyCleanupRetries(t *testing.T) {
+	st := mem.NewStore()
+	f := newFaulty(st)
+	f.lostReply = true
+	f.failReleases.Store(3)
+	l := locker.New(f)
+	defer l.Close()
+	ctx := ctxT(t, 10*time.Second)
+	if _, err := l.TryAcquire(ctx, "k", locker.WithTTL(time.Minute)); !errors.Is(err, errTransient) {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	probe := st.Locker()
+	waitFor(t, 3*time.Second, "the clean-up to free the key after 3 failed Releases", func() bool {
+		_, err := probe.Acquire(ctx, "k", "other", time.Second)
+		return err == nil
+	})
+	if n := f.releases.Load(); n != 4 {
+		t.Fatalf("the clean-up made %d Release calls, want 4 (3 failed, 1 answered)", n)
+	}
+}
+
 func TestLocalWaitersShareOneWait(t *testing.T) {
 	st := mem.NewStore()
 	w := waiting{newFaulty(st)}

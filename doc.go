@@ -41,7 +41,11 @@
 // (driver.Capabilities.Margin; Redlock: TTL×drift_factor + 2ms), so the
 // holder learns of the loss before the server can grant the key to anyone
 // else. Where the driver can see the server end a lock early
-// (driver.HoldWatcher), Lost closes when it does.
+// (driver.HoldWatcher), Lost closes when it does. On a driver that can
+// refresh many locks in one request (driver.BatchRefresher), the renewals
+// of one Locker's locks that fall due within about 2ms of each other go to
+// the server together; each lock keeps its own schedule, its own result
+// and its own deadline, counted from when its batch was sent.
 //
 // # What no lock can do
 //
@@ -72,8 +76,9 @@
 // preferred. Each hold is a Lock with its own lease, token and loss signal;
 // the mutex, the semaphore and the read-write lock on one key are three
 // different locks. They need a driver that implements driver.SharedLocker:
-// for now drivers/mem and drivers/file do, and on any other every call
-// fails before any I/O with an error matching errors.ErrUnsupported.
+// for now drivers/mem, drivers/file, drivers/redis and drivers/rueidis do
+// (not under Redlock), and on any other every call fails before any I/O
+// with an error matching errors.ErrUnsupported.
 //
 // # Elections
 //

@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"iter"
 	"time"
 )
 
@@ -71,14 +70,9 @@ const ownerIDLen = 16
 
 // MaxElectionValue is the longest value a candidate can campaign with on
 // most backends: the owner limit (256 bytes) less the election's 16-byte
-// owner prefix. A backend that publishes only part of a holder's owner has
-// a lower limit (see Election.Campaign).
+// owner prefix. A backend that reports back only shorter owners
+// (driver.Capabilities.MaxOwner) has a lower limit (see Election.Campaign).
 const MaxElectionValue = maxOwnerLen - ownerIDLen
-
-// maxTaggedValue is the limit on a backend whose locks belong to their
-// connection (driver.Capabilities.LockerBound: PostgreSQL advisory mode),
-// which publishes only the first 34 printable ASCII bytes of an owner.
-const maxTaggedValue = 34 - ownerIDLen
 
 func electionOwner(value string) string {
 	var b [11]byte
@@ -127,16 +121,38 @@ func (e *Election) checkValue(value string, opts []Option) error {
 	case err != nil:
 	case o.ownerSet:
 		err = fmt.Errorf("%w: WithOwner does not apply to an election: the value identifies the leader", ErrInvalid)
-	case len(value) > MaxElectionValue:
-		err = fmt.Errorf("%w: election value is %d bytes, the limit is %d", ErrInvalid, len(value), MaxElectionValue)
-	case e.l.caps.LockerBound && (len(value) > maxTaggedValue || !printableASCII(value)):
-		err = fmt.Errorf("%w: election value %q: driver %T publishes only %d printable ASCII bytes of a value (PostgreSQL advisory mode; mode=lease stores any value)",
-			ErrInvalid, value, e.l.drv, maxTaggedValue)
+	case len(value) > e.MaxValue():
+		err = fmt.Errorf("%w: election value is %d bytes, the limit is %d%s", ErrInvalid, len(value), max(e.MaxValue(), 0), e.limitBy())
+	case e.l.caps.OwnerASCII && !printableASCII(value):
+		err = fmt.Errorf("%w: election value %q is not printable ASCII, the only bytes driver %T reports back (driver.Capabilities.OwnerASCII)",
+			ErrInvalid, value, e.l.drv)
 	}
 	if err != nil {
 		return prefix("campaign", e.name, err)
 	}
 	return nil
+}
+
+// MaxValue returns the longest value, in bytes, Campaign and Lead accept on
+// e's Locker: MaxElectionValue, or less where the driver declares a shorter
+// driver.Capabilities.MaxOwner (an election owner is the value plus 16
+// bytes); negative if the driver's owners are too short for any election.
+// Where the driver declares OwnerASCII, values must also be printable
+// ASCII.
+func (e *Election) MaxValue() int {
+	if m := e.l.caps.MaxOwner; m > 0 && m-ownerIDLen < MaxElectionValue {
+		return m - ownerIDLen
+	}
+	return MaxElectionValue
+}
+
+// limitBy says where a limit below MaxElectionValue comes from.
+func (e *Election) limitBy() string {
+	if e.MaxValue() == MaxElectionValue {
+		return ""
+	}
+	return fmt.Sprintf(" (driver %T reports back owners of at most %d bytes, driver.Capabilities.MaxOwner, and an election owner has %d more)",
+		e.l.drv, e.l.caps.MaxOwner, ownerIDLen)
 }
 
 func printableASCII(s string) bool {
@@ -161,9 +177,11 @@ func printableASCII(s string) bool {
 // reply was lost is released in the background (Close waits for it).
 //
 // Errors: ErrInvalid before any I/O for an empty name, a bad option, or a
-// value longer than MaxElectionValue (on a driver whose locks belong to
-// their connection, PostgreSQL advisory mode, longer than 18 bytes or not
-// printable ASCII); an error matching errors.ErrUnsupported, naming the
+// value longer than MaxElectionValue, or than the driver's
+// driver.Capabilities.MaxOwner less 16 bytes, or not printable ASCII where
+// the driver declares OwnerASCII (PostgreSQL advisory mode: 18 printable
+// ASCII bytes), each error naming the limit; an error matching
+// errors.ErrUnsupported, naming the
 // driver, if it is not a driver.Inspector; then those of Locker.Acquire.
 func (e *Election) Campaign(ctx context.Context, value string, opts ...Option) (*Lock, error) {
 	if err := e.check("campaign"); err != nil {
@@ -258,9 +276,14 @@ func withOnLost(f func(error)) Option { return func(o *options) { o.onLost = f }
 // was lost before fn returned; err is fn's error, joined with a failed
 // resign's.
 func (e *Election) serve(ctx, fctx context.Context, cancel context.CancelCauseFunc, lk *Lock, fn func(context.Context, uint64) error) (lost bool, err error) {
+	// A grant whose reply came back after its safe deadline (a reply
+	// delayed past the TTL) may already have been followed by another
+	// candidate's: fn must not run for it, even for as long as the Lock
+	// takes to declare the loss. Resign, and campaign again.
+	late := !time.Now().Before(lk.Deadline())
 	defer func() {
 		// The Lock cancels fctx with its loss before Lost closes.
-		lost = errors.Is(context.Cause(fctx), ErrNotHeld)
+		lost = late || errors.Is(context.Cause(fctx), ErrNotHeld)
 		cancel(nil)
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer rcancel()
@@ -268,6 +291,9 @@ func (e *Election) serve(ctx, fctx context.Context, cancel context.CancelCauseFu
 			err = errors.Join(err, rerr)
 		}
 	}()
+	if late {
+		return true, nil
+	}
 	return false, fn(fctx, lk.Token())
 }
 
@@ -314,211 +340,4 @@ func (e *Election) leader(ctx context.Context) (Leader, string, error) {
 		return Leader{}, "", prefix("leader", e.name, fmt.Errorf("no leader: %w: the election's key is held, but not by one of its candidates", ErrNotHeld))
 	}
 	return Leader{Value: value, Term: in.Token, Remaining: max(in.Remaining, 0)}, in.Owner, nil
-}
-
-// Observe returns the leaders of the election as they change: first the
-// current one (a zero Leader, Term 0, if nobody leads) at once, then a
-// Leader each time another is elected, and a zero Leader when the leader
-// is gone and nobody has yet taken its place. The terms it yields only
-// increase; a change it could not see (two leaders in quick succession)
-// shows as a jump in terms. Renewals of the same leader are not changes.
-//
-// How soon a change is seen depends on what the driver can tell. Where
-// the driver is a driver.HoldWatcher (etcd, Redis on one deployment,
-// file), Observe watches the leader's grant: the watch reports a term that
-// another process or the server ended (the key taken over or deleted, a
-// session ended) when the driver sees it, but never the leader's own
-// resign, and not on every backend a lease that ran out; so while a leader
-// holds, Observe also reads the holder every 100ms. Otherwise a
-// driver.Waiter (mem, PostgreSQL lease mode, Redlock) reports releases,
-// and Observe reads the holder when the lock would expire, and at least
-// every 2s; with neither, every 100ms. Once a term has ended, Observe
-// reads the holder again at once and then at 2ms, 4ms, …, up to every
-// 100ms until someone leads. So a change is seen within 100ms plus one
-// round trip on every backend, and within a few round trips where the
-// driver reports it.
-//
-// An error reading the holder is yielded with a zero Leader; the
-// sequence then goes on, retrying with backoff (up to 2s), unless the
-// error is permanent (ErrInvalid, ErrClosed, errors.ErrUnsupported), after
-// which it ends. It ends without an error when ctx ends, or when the loop
-// over it stops. It makes no call before the loop starts.
-func (e *Election) Observe(ctx context.Context) iter.Seq2[Leader, error] {
-	return func(yield func(Leader, error) bool) {
-		if err := e.check("observe"); err != nil {
-			yield(Leader{}, err)
-			return
-		}
-		o := &observer{e: e, signal: make(chan struct{}, 1)}
-		defer o.stop()
-		o.run(ctx, yield)
-	}
-}
-
-// Observe's schedule.
-const (
-	// observePoll is the longest Observe goes without reading the holder
-	// when no notification covers the change it waits for.
-	observePoll = 100 * time.Millisecond
-	// observeFast is the first re-read after a term ended.
-	observeFast = 2 * time.Millisecond
-)
-
-// observer is one Observe loop: its notifications and what it has seen.
-type observer struct {
-	e      *Election
-	signal chan struct{} // a possible change: the hold watch or the Waiter
-
-	wake        <-chan struct{} // the Waiter's subscription, once made
-	unsub       func()
-	unwatch     func() // the hold watch of the current leader's grant
-	watchedOK   bool   // the hold watch of the current leader is running
-	watchFailed bool   // the driver refused a hold watch
-
-	seen    bool   // something was yielded
-	last    Leader // the last yielded
-	lastOwn string // the owner of the last yielded leader
-	maxTerm uint64
-}
-
-func (o *observer) stop() {
-	if o.unwatch != nil {
-		o.unwatch()
-	}
-	if o.unsub != nil {
-		o.unsub()
-	}
-}
-
-// run is Observe's loop.
-func (o *observer) run(ctx context.Context, yield func(Leader, error) bool) {
-	fast := time.Duration(0) // the re-read delay while nobody leads after a term; 0: none pending
-	errDelay := backoffMin
-	for {
-		ld, owner, err := o.e.leader(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		var wait time.Duration
-		switch {
-		case err == nil || errors.Is(err, ErrNotHeld):
-			errDelay = backoffMin
-			if err != nil {
-				ld, owner = Leader{}, ""
-			}
-			if !o.changed(ld) {
-				wait = o.idle(ld, &fast)
-				break
-			}
-			o.seen, o.last, o.lastOwn = true, ld, owner
-			o.maxTerm = max(o.maxTerm, ld.Term)
-			if !yield(ld, nil) {
-				return
-			}
-			o.follow(ctx, ld, owner)
-			fast = 0
-			if ld.Term == 0 {
-				fast = observeFast
-			}
-			wait = o.idle(ld, &fast)
-		case errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed) || errors.Is(err, errors.ErrUnsupported):
-			yield(Leader{}, err)
-			return
-		default:
-			if !yield(Leader{}, err) {
-				return
-			}
-			wait, errDelay = jitter(errDelay), min(2*errDelay, fallbackMax)
-		}
-		if !o.sleep(ctx, wait) {
-			return
-		}
-	}
-}
-
-// changed reports whether ld is news: the first reading, a higher term, or
-// the end of the last leader's term. A lower term is never news.
-func (o *observer) changed(ld Leader) bool {
-	switch {
-	case !o.seen:
-		return true
-	case ld.Term == 0:
-		return o.last.Term != 0
-	default:
-		return ld.Term > o.maxTerm
-	}
-}
-
-// idle returns how long to wait before reading again, with ld the holder
-// just read (zero: nobody). fast is the re-read delay after a term ended.
-func (o *observer) idle(ld Leader, fast *time.Duration) time.Duration {
-	if ld.Term == 0 || ld.Term < o.maxTerm {
-		if *fast == 0 {
-			return observePoll
-		}
-		d := *fast
-		*fast = min(2**fast, observePoll)
-		return d
-	}
-	if o.wake == nil || o.watchedOK {
-		// Nothing covers a release: a hold watch need not report the
-		// owner's own (driver.HoldWatcher), and there may be no Waiter.
-		return observePoll
-	}
-	d := fallbackMax
-	if ld.Remaining > 0 && ld.Remaining+expirySlack < d {
-		d = ld.Remaining + expirySlack
-	}
-	return d
-}
-
-// follow starts the notifications for the leader just yielded: a hold
-// watch on its grant where the driver has one; else, or once a hold watch
-// has been refused, the Waiter. A driver whose hold watches work is
-// followed through them only: its Waiter may queue observers together with
-// candidates, as etcd's does, and an observer must not take a candidate's
-// turn.
-func (o *observer) follow(ctx context.Context, ld Leader, owner string) {
-	if o.unwatch != nil {
-		o.unwatch()
-		o.unwatch, o.watchedOK = nil, false
-	}
-	w := o.e.l.watcher
-	if ld.Term != 0 && w != nil {
-		stop, err := w.WatchHold(o.e.key, owner, ld.Term, func(error) { o.notify() })
-		if err == nil {
-			o.unwatch, o.watchedOK = stop, true
-			return
-		}
-		o.watchFailed = true
-	}
-	if o.wake != nil || o.e.l.waiter == nil || (w != nil && !o.watchFailed) {
-		return
-	}
-	wake, cancel, err := o.e.l.waiter.Subscribe(ctx, o.e.key)
-	if err == nil {
-		o.wake, o.unsub = wake, cancel
-	}
-}
-
-func (o *observer) notify() {
-	select {
-	case o.signal <- struct{}{}:
-	default:
-	}
-}
-
-// sleep waits d, or less if a notification comes; false once ctx is done.
-func (o *observer) sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-o.signal:
-	case <-o.wake:
-	case <-ctx.Done():
-		return false
-	case <-o.e.l.closing:
-	}
-	return ctx.Err() == nil
 }

@@ -319,23 +319,8 @@ func TestElectionObserve(t *testing.T) {
 	obs, cand := locker.New(s.Locker()), locker.New(s.Locker())
 	defer obs.Close()
 	defer cand.Close()
-	type seen struct {
-		ld locker.Leader
-		at time.Time
-	}
-	ch := make(chan seen, 16)
-	octx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for ld, err := range obs.Election("e").Observe(octx) {
-			if err != nil {
-				t.Errorf("observe: %v", err)
-				continue
-			}
-			ch <- seen{ld, time.Now()}
-		}
-	})
-	next := func(what string) seen {
+	ch, stop := startObserve(ctx, t, obs.Election("e"))
+	next := func(what string) observed {
 		t.Helper()
 		select {
 		case s := <-ch:
@@ -343,7 +328,7 @@ func TestElectionObserve(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("observer did not report %s", what)
 		}
-		return seen{}
+		return observed{}
 	}
 	if s := next("the start"); s.ld != (locker.Leader{}) {
 		t.Fatalf("first report %+v, want nobody", s.ld)
@@ -374,7 +359,6 @@ func TestElectionObserve(t *testing.T) {
 		}
 	}
 	stop()
-	wg.Wait()
 }
 
 // TestElectionObserveStopsOnBreak: breaking out of the loop ends the

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/drivers/mem"
 )
@@ -21,6 +22,9 @@ type faulty struct {
 	// lostReplies makes that many Acquire calls perform the grant and then
 	// report errTransient.
 	lostReplies atomic.Int64
+	// failReleases makes that many Release calls fail with errTransient
+	// without reaching the server.
+	failReleases atomic.Int64
 
 	mu sync.Mutex
 	// failRefresh, when set, makes Refresh return it without reaching the
@@ -84,6 +88,9 @@ func (f *faulty) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 
 func (f *faulty) Release(ctx context.Context, key, owner string) error {
 	f.releases.Add(1)
+	if f.failReleases.Add(-1) >= 0 {
+		return errTransient
+	}
 	return f.Locker.Release(ctx, key, owner)
 }
 
@@ -238,3 +245,34 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// lostOnTime waits for lk's Lost, acquired at start with ttl and never
+// renewed since, and checks that it closed at the safe deadline: no earlier
+// than ttl − ttl/100 − 2ms after start, and before ttl.
+func lostOnTime(t *testing.T, lk *locker.Lock, start time.Time, ttl time.Duration) {
+	t.Helper()
+	waitClosed(t, lk.Lost(), 10*time.Second, "Lost")
+	seen := time.Now()
+	// Lost closes at the lock's safe deadline, which must fall before the
+	// TTL counted from the acquire's start. The goroutine that sees it may
+	// run late on a loaded machine: it must not see it before the
+	// deadline, nor more than lostSeenLate after it.
+	deadline := lk.Deadline()
+	if !deadline.Before(start.Add(ttl)) {
+		t.Fatalf("safe deadline %v after acquire, not before the TTL %v", deadline.Sub(start), ttl)
+	}
+	if deadline.Sub(start) < ttl-ttl/100-2*time.Millisecond-time.Millisecond {
+		t.Fatalf("safe deadline %v after acquire, earlier than TTL − TTL/100 − 2ms", deadline.Sub(start))
+	}
+	if seen.Before(deadline) {
+		t.Fatalf("Lost closed %v after acquire, before the safe deadline %v", seen.Sub(start), deadline.Sub(start))
+	}
+	if late := seen.Sub(deadline); late > lostSeenLate {
+		t.Fatalf("Lost seen %v after the safe deadline", late)
+	}
+}
+
+// lostSeenLate is how long after a lock's safe deadline the test may see
+// its Lost closed: the time a loaded 2-core machine may take to run the
+// goroutine that waits for it.
+const lostSeenLate = 250 * time.Millisecond

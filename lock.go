@@ -51,44 +51,47 @@ type Lock struct {
 	minUntil  time.Time // WithMinHold: the key stays taken until then; zero without
 	attrs     *attrSets // nil without telemetry
 	hold      holdOps   // Refresh and Release on the server: the driver's, or a shared hold's (shared.go)
+	batched   bool      // renewals go through the Locker's batcher (renew.go)
 
-	io     chan struct{} // serialises refreshes, so the last success is the last applied
-	stop   chan struct{} // closed when the lock stops being held
-	kick   chan struct{} // tells the renewer a manual Refresh moved the schedule
-	done   chan struct{} // closed when the renewer exits; nil without renewal
-	ctx    context.Context
-	cancel context.CancelFunc // cuts short in-flight renewals
+	io chan struct{}    // serialises refreshes, so the last success is the last applied
+	ev [numEvents]event // the deadline, max-hold and renewal events (sched.go)
+
+	// renewals counts the automatic renewal in flight (0 or 1): Release
+	// waits for it. Added to only under mu while the lock is held.
+	renewals sync.WaitGroup
 
 	mu           sync.Mutex
 	ttl          time.Duration
 	deadline     time.Time
-	timer        *time.Timer
-	maxTimer     *time.Timer // WithMaxHold; nil without
+	maxHold      bool               // WithMaxHold: ev[evMaxHold] is scheduled
+	renewing     bool               // an automatic renewal is in flight
+	renewCancel  context.CancelFunc // cuts short the renewal in flight; nil if none
+	stop         chan struct{}      // closed when the lock stops being held; made on demand
 	state        lockState
-	lostErr      *lostError // why Lost was closed; set just before it closes
-	lost         chan struct{}
+	lostErr      *lostError    // why Lost was closed; set just before it closes
+	lost         chan struct{} // made on demand (Lost); closedChan if it closed before
 	releaseRetry bool
-	releasing    chan struct{} // closed when the release under way ends; nil if none
+	releaseBusy  bool          // a release is under way
+	releasing    chan struct{} // closed when the release under way ends; made by the first who waits for it
 	unwatch      func()        // ends the driver.HoldWatcher watch; nil if none
 	onLost       func(error)   // options.onLost
 }
 
 func newLock(l *Locker, key string, o options, token uint64, start, granted time.Time) *Lock {
-	ctx, cancel := context.WithCancel(context.Background())
 	lk := &Lock{
 		l: l, key: key, owner: o.owner, token: token, autoRenew: o.autoRenew,
 		start: start, granted: granted, attrs: o.attrs, onLost: o.onLost,
-		io:   make(chan struct{}, 1),
-		stop: make(chan struct{}),
-		kick: make(chan struct{}, 1),
-		ctx:  ctx, cancel: cancel,
+		io:       make(chan struct{}, 1),
 		ttl:      o.ttl,
 		deadline: l.safeDeadline(start, o.ttl),
-		lost:     make(chan struct{}),
 		hold:     o.hold,
+	}
+	for k := range lk.ev {
+		lk.ev[k] = event{lk: lk, kind: eventKind(k), i: -1}
 	}
 	if lk.hold == nil {
 		lk.hold = l.drv
+		lk.batched = l.batch != nil
 	}
 	if o.minHold > 0 {
 		// Counted from when the grant was known, after the server made
@@ -99,13 +102,14 @@ func newLock(l *Locker, key string, o options, token uint64, start, granted time
 	if t := l.tel; t != nil {
 		t.holdStart(lk.attrs)
 	}
-	lk.timer = time.AfterFunc(time.Until(lk.deadline), lk.onDeadline)
+	s := l.sched
+	s.schedule(&lk.ev[evDeadline], lk.deadline)
 	if o.maxHold > 0 {
-		lk.maxTimer = time.AfterFunc(time.Until(granted.Add(o.maxHold)), lk.onMaxHold)
+		lk.maxHold = true
+		s.schedule(&lk.ev[evMaxHold], granted.Add(o.maxHold))
 	}
 	if lk.autoRenew {
-		lk.done = make(chan struct{})
-		go lk.renewLoop()
+		s.schedule(&lk.ev[evRenew], time.Now().Add(o.ttl/3))
 	}
 	lk.mu.Unlock()
 	return lk
@@ -159,7 +163,26 @@ func (lk *Lock) Granted() time.Time { return lk.granted }
 // ends by its TTL, given the drift allowance (clocks that differ in rate by
 // under 1%, or the driver's wider margin). It is not closed by a successful
 // Release.
-func (lk *Lock) Lost() <-chan struct{} { return lk.lost }
+func (lk *Lock) Lost() <-chan struct{} { return lk.onDemand(&lk.lost) }
+
+// onDemand returns *ch, made first if it is nil (Lost and stopped make
+// their channels only when asked for them).
+func (lk *Lock) onDemand(ch *chan struct{}) chan struct{} {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if *ch == nil {
+		*ch = make(chan struct{})
+	}
+	return *ch
+}
+
+// closedChan is a closed channel: Lost's, when it closed before anyone
+// asked for it, and stopped's, once the lock has ended.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
 
 // Err returns nil until Lost is closed, and from then on why it was: an
 // error that matches ErrNotHeld and exactly one LostCause with errors.Is
@@ -193,10 +216,7 @@ func (lk *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 	}
 	err = done(lk.refresh(cctx, lk.l.caps.RoundTTL(ttl), false))
 	if err == nil {
-		select {
-		case lk.kick <- struct{}{}:
-		default:
-		}
+		lk.renewAfter(lk.TTL() / 3)
 	}
 	return wrap(ctx, "refresh", lk.key, err)
 }
@@ -251,7 +271,10 @@ func (lk *Lock) closedErr() error {
 // release already under way is waited for first.
 func (lk *Lock) release(ctx context.Context, closing *lostError) error {
 	lk.mu.Lock()
-	for lk.releasing != nil {
+	for lk.releaseBusy {
+		if lk.releasing == nil {
+			lk.releasing = make(chan struct{})
+		}
 		ch := lk.releasing
 		lk.mu.Unlock()
 		select {
@@ -282,22 +305,14 @@ func (lk *Lock) release(ctx context.Context, closing *lostError) error {
 		ended = true
 	}
 	lk.releaseRetry = false
-	releasing := make(chan struct{})
-	lk.releasing = releasing
+	lk.releaseBusy = true
 	lk.mu.Unlock()
-	defer func() {
-		lk.mu.Lock()
-		lk.releasing = nil
-		lk.mu.Unlock()
-		close(releasing)
-	}()
+	defer lk.releaseEnded()
 	if ended {
 		lk.holdEnded()
 	}
 	lk.stopWatch()
-	if lk.done != nil {
-		<-lk.done
-	}
+	lk.renewals.Wait()
 
 	err := lk.free(ctx)
 	lk.l.untrack(lk)
@@ -322,6 +337,19 @@ func (lk *Lock) release(ctx context.Context, closing *lostError) error {
 	return err
 }
 
+// releaseEnded ends the release under way, and wakes those who wait for
+// it.
+func (lk *Lock) releaseEnded() {
+	lk.mu.Lock()
+	lk.releaseBusy = false
+	ch := lk.releasing
+	lk.releasing = nil
+	lk.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
+}
+
 // free ends the lock on the server with an owner-checked release, or, while
 // WithMinHold's bound is ahead, with an owner-checked refresh to the time
 // left, after which the lock expires on its own.
@@ -344,13 +372,18 @@ func (lk *Lock) free(ctx context.Context) error {
 
 // endLocked stops renewal and the timers. lk.mu is held.
 func (lk *Lock) endLocked() {
-	close(lk.stop)
-	lk.cancel()
-	lk.timer.Stop()
-	if lk.maxTimer != nil {
-		lk.maxTimer.Stop()
+	if lk.stop != nil {
+		close(lk.stop)
 	}
+	lk.stop = closedChan
+	if lk.renewCancel != nil {
+		lk.renewCancel()
+	}
+	lk.l.sched.cancel(lk.ev[:])
 }
+
+// stopped returns a channel closed once the lock stops being held.
+func (lk *Lock) stopped() <-chan struct{} { return lk.onDemand(&lk.stop) }
 
 // holdEnded records the end of the hold, once the lock has left stateHeld.
 func (lk *Lock) holdEnded() {
@@ -388,7 +421,15 @@ func (lk *Lock) announce(e *lostError) {
 	if t != nil {
 		t.lostCount(lk, e)
 	}
-	close(lk.lost)
+	lk.mu.Lock()
+	ch := lk.lost
+	if ch == nil {
+		lk.lost = closedChan // closed before anyone asked for it
+	}
+	lk.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
 	if t != nil {
 		t.lostLog(lk, e)
 	}
@@ -463,34 +504,47 @@ func (lk *Lock) stopWatch() {
 	}
 }
 
-func (lk *Lock) onDeadline() {
-	lk.mu.Lock()
-	if lk.state != stateHeld {
+// expire is a due deadline or max-hold event (run on a goroutine of its
+// own by the scheduler): the lock is lost, and freed on the server. A
+// deadline that a renewal moved meanwhile is scheduled again.
+func (lk *Lock) expire(k eventKind) {
+	e := errMaxHold
+	if k == evDeadline {
+		lk.mu.Lock()
+		held, due := lk.state == stateHeld, !time.Now().Before(lk.deadline)
+		if held && !due {
+			lk.l.sched.schedule(&lk.ev[evDeadline], lk.deadline)
+		}
 		lk.mu.Unlock()
-		return
+		if !held || !due {
+			return
+		}
+		e = errDeadline
 	}
-	if d := time.Until(lk.deadline); d > 0 {
-		lk.timer.Reset(d)
-		lk.mu.Unlock()
-		return
-	}
-	lk.mu.Unlock()
-	lk.lose(&lostError{cause: CauseDeadline, msg: "no successful renewal before the safe deadline (TTL minus drift allowance)"}, true)
+	e = &lostError{cause: e.cause, msg: e.msg}
+	lk.lose(e, true)
 }
 
-func (lk *Lock) onMaxHold() {
-	lk.lose(&lostError{cause: CauseMaxHold, msg: "held for the bound set by WithMaxHold: renewal stopped and the lock is released"}, true)
-}
+// The losses expire declares (copied for each lock).
+var (
+	errDeadline = &lostError{cause: CauseDeadline, msg: "no successful renewal before the safe deadline (TTL minus drift allowance)"}
+	errMaxHold  = &lostError{cause: CauseMaxHold, msg: "held for the bound set by WithMaxHold: renewal stopped and the lock is released"}
+)
 
 // refresh sends one Refresh with ttl and moves the safe deadline. auto marks
-// a background renewal, which gets its own timeout.
+// a background renewal, which gets its own timeout and, on a driver that
+// is a driver.BatchRefresher, goes to the server in a batch (renew.go).
 func (lk *Lock) refresh(ctx context.Context, ttl time.Duration, auto bool) error {
 	select {
 	case lk.io <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-lk.stop:
-		return lk.notHeld()
+	default:
+		select {
+		case lk.io <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-lk.stopped():
+			return lk.notHeld()
+		}
 	}
 	defer func() { <-lk.io }()
 
@@ -515,9 +569,7 @@ func (lk *Lock) refresh(ctx context.Context, ttl time.Duration, auto bool) error
 		ctx, cancel = context.WithDeadline(ctx, d)
 		defer cancel()
 	}
-	dctx, end := lk.l.tel.child(ctx, "locker.driver.refresh")
-	err := lk.hold.Refresh(dctx, lk.key, lk.owner, ttl)
-	end(err)
+	start, err := lk.send(ctx, ttl, auto, start)
 	t := lk.l.tel
 	if errors.Is(err, ErrNotHeld) {
 		who := "a renewal"
@@ -541,7 +593,7 @@ func (lk *Lock) refresh(ctx context.Context, ttl time.Duration, auto bool) error
 	// earlier, which is right in both cases.
 	if err == nil || next.Before(lk.deadline) {
 		lk.deadline = next
-		lk.timer.Reset(time.Until(next))
+		lk.l.sched.schedule(&lk.ev[evDeadline], next)
 	}
 	if err == nil {
 		lk.ttl = ttl
@@ -555,6 +607,24 @@ func (lk *Lock) refresh(ctx context.Context, ttl time.Duration, auto bool) error
 		}
 	}
 	return err
+}
+
+// send makes the refresh's call: a batch for an automatic renewal where the
+// Locker batches them, a Refresh otherwise. It returns when the call was
+// sent: start, or, for a batch, when the batch was (later than start).
+func (lk *Lock) send(ctx context.Context, ttl time.Duration, auto bool, start time.Time) (time.Time, error) {
+	ctx, end := lk.l.tel.child(ctx, "locker.driver.refresh")
+	var err error
+	if auto && lk.batched {
+		var sent time.Time
+		if sent, err = lk.l.batch.refresh(ctx, lk.key, lk.owner, ttl); !sent.IsZero() {
+			start = sent
+		}
+	} else {
+		err = lk.hold.Refresh(ctx, lk.key, lk.owner, ttl)
+	}
+	end(err)
+	return start, err
 }
 
 func (lk *Lock) notHeld() error {
@@ -573,30 +643,46 @@ func (lk *Lock) notHeldLocked() error {
 	return ErrNotHeld
 }
 
-// renewLoop refreshes the lock every TTL/3 until it stops being held. A
-// transient error is retried every TTL/20 (at least 5ms) until the safe
-// deadline passes, at which point onDeadline declares the lock lost.
-func (lk *Lock) renewLoop() {
-	defer close(lk.done)
-	t := time.NewTimer(lk.TTL() / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-lk.stop:
-			return
-		case <-lk.kick:
-			t.Reset(lk.TTL() / 3)
-			continue
-		case <-t.C:
-		}
-		err := lk.refresh(lk.ctx, 0, true)
-		switch {
-		case err == nil:
-			t.Reset(lk.TTL() / 3)
-		case errors.Is(err, ErrNotHeld):
-			return
-		default:
-			t.Reset(max(lk.TTL()/20, 5*time.Millisecond))
-		}
+// renewAfter schedules the next automatic renewal d from now, if the lock
+// renews itself and is still held.
+func (lk *Lock) renewAfter(d time.Duration) {
+	if !lk.autoRenew {
+		return
+	}
+	lk.mu.Lock()
+	if lk.state == stateHeld && !lk.renewing {
+		lk.l.sched.schedule(&lk.ev[evRenew], time.Now().Add(d))
+	}
+	lk.mu.Unlock()
+}
+
+// renewOnce is one automatic renewal, when it falls due; it schedules the
+// next: TTL/3 after a success; after a transient error, a retry every
+// TTL/20 (at least 5ms) until the safe deadline passes, at which point
+// onDeadline declares the lock lost. A renewal of a lock that has ended,
+// or while another is in flight, is not made.
+func (lk *Lock) renewOnce() {
+	lk.mu.Lock()
+	if lk.state != stateHeld || lk.renewing {
+		lk.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	lk.renewing, lk.renewCancel = true, cancel
+	lk.renewals.Add(1)
+	lk.mu.Unlock()
+	defer lk.renewals.Done()
+
+	err := lk.refresh(ctx, 0, true)
+	cancel()
+	lk.mu.Lock()
+	lk.renewing, lk.renewCancel = false, nil
+	lk.mu.Unlock()
+	switch {
+	case err == nil:
+		lk.renewAfter(lk.TTL() / 3)
+	case errors.Is(err, ErrNotHeld):
+	case time.Now().Before(lk.Deadline()):
+		lk.renewAfter(max(lk.TTL()/20, 5*time.Millisecond))
 	}
 }

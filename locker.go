@@ -111,6 +111,9 @@ type Locker struct {
 	blocking  driver.BlockingAcquirer
 	inspector driver.Inspector
 	watcher   driver.HoldWatcher
+	changes   driver.ChangeWatcher
+	batch     *batcher   // nil unless the driver is a driver.BatchRefresher
+	sched     *scheduler // the locks' deadlines, max holds and renewals (sched.go)
 	tel       *telemetry // nil: no instrumentation at all
 
 	// closing is closed, and life cancelled with cause ErrClosed, when
@@ -122,6 +125,9 @@ type Locker struct {
 	life, grace context.Context
 	endLife     context.CancelCauseFunc
 	endGrace    context.CancelCauseFunc
+	// doneLife and doneGrace are begin's done for a context that is never
+	// done, made once (beginUncancellable).
+	doneLife, doneGrace func(error) error
 
 	mu     sync.Mutex
 	closed bool
@@ -138,7 +144,7 @@ type Locker struct {
 // New returns a Locker that uses d, for example a driver built from a client
 // the program already has. Optional driver interfaces (driver.Waiter,
 // driver.BlockingAcquirer, driver.HoldWatcher, driver.Inspector,
-// driver.Capable) are discovered by type assertion. opts set where
+// driver.Capable, driver.BatchRefresher) are discovered by type assertion. opts set where
 // metrics, spans and logs go (see OpenOption); metrics and spans carry
 // locker.driver = "custom". The Locker owns d: Close closes it. New panics
 // if d is nil.
@@ -163,9 +169,12 @@ func newLocker(d driver.Locker, driverName string, opts []OpenOption) *Locker {
 		closeDone: make(chan struct{}),
 		held:      map[*Lock]struct{}{},
 		queues:    map[string]*keyQueue{},
+		sched:     newScheduler(),
 	}
 	l.life, l.endLife = context.WithCancelCause(context.Background())
 	l.grace, l.endGrace = context.WithCancelCause(context.Background())
+	l.doneLife = func(err error) error { return l.doneCut(l.life, err) }
+	l.doneGrace = func(err error) error { return l.doneCut(l.grace, err) }
 	if c, ok := d.(driver.Capable); ok {
 		l.caps = c.Capabilities()
 	}
@@ -173,6 +182,10 @@ func newLocker(d driver.Locker, driverName string, opts []OpenOption) *Locker {
 	l.blocking, _ = d.(driver.BlockingAcquirer)
 	l.inspector, _ = d.(driver.Inspector)
 	l.watcher, _ = d.(driver.HoldWatcher)
+	l.changes, _ = d.(driver.ChangeWatcher)
+	if br, ok := d.(driver.BatchRefresher); ok {
+		l.batch = newBatcher(l, br)
+	}
 	return l
 }
 
@@ -340,6 +353,7 @@ func (l *Locker) Close() error {
 	wg.Wait()
 	l.endGrace(ErrClosed)
 	l.waitIdle()
+	l.sched.stop()
 	if err := l.drv.Close(); err != nil && !errors.Is(err, ErrClosed) {
 		errs = append(errs, fmt.Errorf("locker: close: %w", err))
 	}
@@ -399,6 +413,9 @@ func (l *Locker) begin(ctx context.Context, cut context.Context) (context.Contex
 	if !l.enter(false) {
 		return ctx, nil, ErrClosed
 	}
+	if ctx.Done() == nil {
+		return l.beginUncancellable(ctx, cut)
+	}
 	cctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(cut, func() { cancel(ErrClosed) })
 	return cctx, func(err error) error {
@@ -411,6 +428,51 @@ func (l *Locker) begin(ctx context.Context, cut context.Context) (context.Contex
 		l.exit()
 		return err
 	}, nil
+}
+
+// beginUncancellable is begin for a ctx that is never done (Background,
+// WithoutCancel): the call's context is cut itself where ctx carries no
+// values (it is context.Background()), and otherwise ctx's values with
+// cut's cancellation; done is made once per Locker. Nothing is allocated
+// for context.Background().
+func (l *Locker) beginUncancellable(ctx, cut context.Context) (context.Context, func(error) error, error) {
+	done := l.doneLife
+	if cut == l.grace {
+		done = l.doneGrace
+	}
+	if ctx == context.Background() {
+		return cut, done, nil
+	}
+	return cutCtx{Context: ctx, cut: cut}, done, nil
+}
+
+// doneCut is the done of beginUncancellable: as begin's, where the call
+// was cut short if cut is done (ctx never is).
+func (l *Locker) doneCut(cut context.Context, err error) error {
+	if err != nil && cut.Err() != nil && (!errors.Is(err, ErrClosed) || errors.Is(err, ErrUnavailable)) {
+		err = errCutShort
+	}
+	l.exit()
+	return err
+}
+
+// cutCtx is a context that is never done itself with the cancellation of
+// cut: ctx's values, cut's Done, Err and Cause.
+type cutCtx struct {
+	context.Context
+	cut context.Context
+}
+
+func (c cutCtx) Deadline() (time.Time, bool) { return c.cut.Deadline() }
+func (c cutCtx) Done() <-chan struct{}       { return c.cut.Done() }
+func (c cutCtx) Err() error                  { return c.cut.Err() }
+
+// Value is ctx's, except what context.Cause looks up, which is cut's.
+func (c cutCtx) Value(key any) any {
+	if v := c.Context.Value(key); v != nil {
+		return v
+	}
+	return c.cut.Value(key)
 }
 
 // errCutShort is what a call cut short by Close returns.

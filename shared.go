@@ -37,9 +37,15 @@ func (o *sharedOps) Release(ctx context.Context, key, owner string) error {
 }
 
 // sharedLocker returns the driver's SharedLocker, or an error matching
-// errors.ErrUnsupported that names the driver.
+// errors.ErrUnsupported that names the driver: it lacks the interface, or
+// its configuration refuses shared holds (driver.SharedRefuser).
 func (l *Locker) sharedLocker() (driver.SharedLocker, error) {
 	if s, ok := l.drv.(driver.SharedLocker); ok {
+		if r, ok := l.drv.(driver.SharedRefuser); ok {
+			if err := r.SharedUnsupported(); err != nil {
+				return nil, err
+			}
+		}
 		return s, nil
 	}
 	return nil, fmt.Errorf("driver %T has no semaphores or read-write locks (driver.SharedLocker): %w", l.drv, errors.ErrUnsupported)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -38,9 +39,13 @@ func Run(t *testing.T, h Harness) {
 	}
 	s := &suite{h: h, unit: max(h.MinTTL, 100*time.Millisecond), sem: make(chan struct{}, concurrency), top: t.Name()}
 	s.probe(t)
-	t.Run("Driver", func(t *testing.T) { s.runAll(t, append(s.driverSubtests(), s.sharedSubtests()...)) })
-	t.Run("Locker", func(t *testing.T) { s.runAll(t, append(s.lockerSubtests(), s.sharedLockerSubtests()...)) })
-	if faults := s.faultSubtests(); len(faults) > 0 {
+	driverSubs := append(s.driverSubtests(), s.sharedSubtests()...)
+	lockerSubs := slices.Concat(s.lockerSubtests(), s.sharedLockerSubtests(), s.electionSubtests())
+	faults := append(s.faultSubtests(), s.directedSubtests()...)
+	s.checkCannot(t, map[string][]subtest{"Driver": driverSubs, "Locker": lockerSubs, "Faults": faults})
+	t.Run("Driver", func(t *testing.T) { s.runAll(t, s.can(t, "Driver", driverSubs)) })
+	t.Run("Locker", func(t *testing.T) { s.runAll(t, s.can(t, "Locker", lockerSubs)) })
+	if faults = s.can(t, "Faults", faults); len(faults) > 0 {
 		// One at a time: a fault may touch the whole server.
 		t.Run("Faults", func(t *testing.T) {
 			for _, st := range faults {
@@ -48,6 +53,30 @@ func Run(t *testing.T, h Harness) {
 			}
 		})
 	}
+}
+
+// checkCannot fails the test if Harness.Cannot names no subtest of groups.
+func (s *suite) checkCannot(t *testing.T, groups map[string][]subtest) {
+	t.Helper()
+	for name := range s.h.Cannot {
+		group, sub, _ := strings.Cut(name, "/")
+		if !slices.ContainsFunc(groups[group], func(st subtest) bool { return st.name == sub }) {
+			t.Fatalf("conformance: Harness.Cannot names %q, which is not a subtest of this driver's run", name)
+		}
+	}
+}
+
+// can returns subs without those Harness.Cannot declares, logging each of
+// those with its reason.
+func (s *suite) can(t *testing.T, group string, subs []subtest) []subtest {
+	t.Helper()
+	return slices.DeleteFunc(slices.Clone(subs), func(st subtest) bool {
+		why, ok := s.h.Cannot[group+"/"+st.name]
+		if ok {
+			t.Logf("conformance: %s/%s is not run: the Harness declares the backend cannot meet it: %s", group, st.name, why)
+		}
+		return ok
+	})
 }
 
 type suite struct {
@@ -81,8 +110,16 @@ func (s *suite) probe(t *testing.T) {
 	_, watcher := d.(driver.HoldWatcher)
 	_, pinger := d.(driver.Pinger)
 	_, shared := d.(driver.SharedLocker)
+	_, batch := d.(driver.BatchRefresher)
+	_, changes := d.(driver.ChangeWatcher)
+	var refused error
+	if r, ok := d.(driver.SharedRefuser); ok && shared {
+		refused = r.SharedUnsupported() // refused by its configuration (Redis Redlock)
+		shared = refused == nil
+	}
 	s.has = map[string]bool{"Waiter": waiter, "BlockingAcquirer": blocking, "Inspector": inspector,
-		"HoldWatcher": watcher, "Pinger": pinger, "SharedLocker": shared}
+		"HoldWatcher": watcher, "Pinger": pinger, "SharedLocker": shared, "BatchRefresher": batch,
+		"ChangeWatcher": changes && inspector} // its checks read the holder with Inspect
 	if c, ok := d.(driver.Capable); ok {
 		s.caps = c.Capabilities()
 	}
@@ -97,13 +134,19 @@ func (s *suite) probe(t *testing.T) {
 		_ = d.Release(ctx, key, o)
 	}
 	var missing []string
-	for _, name := range []string{"Waiter", "BlockingAcquirer", "Inspector", "HoldWatcher", "Pinger", "SharedLocker"} {
-		if !s.has[name] {
+	for _, name := range []string{"Waiter", "BlockingAcquirer", "Inspector", "HoldWatcher", "Pinger", "BatchRefresher", "SharedLocker", "ChangeWatcher"} {
+		if !s.has[name] && (name != "SharedLocker" || refused == nil) {
 			missing = append(missing, "driver."+name)
 		}
 	}
+	if refused != nil {
+		t.Logf("conformance: %T refuses shared holds (%v); their subtests are not run", d, refused)
+	}
 	if len(missing) > 0 {
 		t.Logf("conformance: %T does not implement %s; their subtests are not run", d, strings.Join(missing, ", "))
+	}
+	if changes && !inspector {
+		t.Logf("conformance: %T is a driver.ChangeWatcher but no driver.Inspector; Driver/ChangeWatcher reads the holder with Inspect, and is not run", d)
 	}
 	if !s.has["HeldError"] {
 		t.Logf("conformance: %T does not return a *driver.HeldError with the holder's remaining TTL; Driver/HeldError is not run", d)

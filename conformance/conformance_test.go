@@ -99,6 +99,10 @@ var mutants = []mutant{
 	{"inspect-free-not-notheld", "Driver/Inspector", blocking},
 	{"inspect-extends", "Driver/Inspector", blocking},
 	{"ping-fails", "Driver/Pinger", blocking},
+	{"batch-foreign-extends", "Driver/BatchRefresh", blocking},
+	{"batch-error-spreads", "Driver/BatchRefresh", blocking},
+	{"batch-keeps-ttl", "Driver/BatchRefresh", blocking},
+	{"batch-ignores-context", "Driver/BatchRefresh", blocking},
 	{"watch-false-alarm", "Driver/HoldWatcher", blocking},
 	{"watch-alarm-on-own-change", "Driver/HoldWatcher", blocking},
 	{"watch-alarm-on-release", "Driver/HoldWatcher", blocking},
@@ -112,6 +116,29 @@ var mutants = []mutant{
 	{"frees-on-cut", "Faults/Cut", blocking},
 	{"lost-late", "Faults/Cut", blocking},
 	{"empty-restart-resets-tokens", "Faults/RestartEmpty", blocking},
+
+	// Directed faults.
+	{"lost-reply-not-acquired", "Faults/LostReply", blocking},
+	{"restart-renumbers-tokens", "Faults/InspectAfterRestart", blocking},
+	{"inspect-ghost-after-empty-restart", "Faults/InspectAfterRestartEmpty", blocking},
+	{"reset-reasserts", "Faults/ServerAgrees", blocking},
+	{"watch-alarm-on-reset", "Faults/WatchAcrossReset", blocking},
+	{"watch-misses-empty-restart", "Faults/WatchRestartEmpty", blocking},
+	{"waiter-deaf-after-reset", "Faults/WaitAcrossReset", waiter},
+	{"waiter-deaf-after-restart", "Faults/WaitAcrossRestart", waiter},
+	{"refresh-ok-on-timeout", "Faults/RefreshUnderCut", blocking},
+	{"heal-reasserts", "Faults/RestartWhileCut", blocking},
+
+	// Directed faults, planted in the TCP reference driver (tcpref_*_test.go),
+	// which reaches its server over TCP and whose hooks are real faults.
+	{"tcp-lost-reply-not-acquired", "Faults/LostReply", tcpVariant},
+	{"tcp-restart-renumbers-tokens", "Faults/InspectAfterRestart", tcpVariant},
+	{"tcp-inspect-ghost-after-empty-restart", "Faults/InspectAfterRestartEmpty", tcpVariant},
+	{"tcp-reset-reasserts", "Faults/ServerAgrees", tcpVariant},
+	{"tcp-waiter-deaf-after-reset", "Faults/WaitAcrossReset", tcpVariant},
+	{"tcp-waiter-deaf-wakes-late", "Faults/WaitAcrossReset", tcpVariant},
+	{"tcp-waiter-deaf-after-restart", "Faults/WaitAcrossRestart", tcpVariant},
+	{"tcp-refresh-ok-on-timeout", "Faults/RefreshUnderCut", tcpVariant},
 
 	// Package locker's promises, broken through the driver.
 	{"held-plain-error", "Locker/TryAcquire", blocking},
@@ -139,6 +166,14 @@ func TestSuiteCatchesBrokenDrivers(t *testing.T) {
 		runShared(t, flaw)
 		return
 	}
+	if flaw := os.Getenv(flawEnv); flaw != "" && os.Getenv(variantEnv) == tcpVariant {
+		conformance.Run(t, tcpHarness(t, flaw)) // the TCP reference driver (tcpref_test.go)
+		return
+	}
+	if flaw := os.Getenv(flawEnv); flaw != "" && os.Getenv(variantEnv) == electionVariant {
+		runElection(t, flaw)
+		return
+	}
 	if flaw := os.Getenv(flawEnv); flaw != "" {
 		st := newFlawStore(flaw)
 		blockingVariant := os.Getenv(variantEnv) != waiter
@@ -151,7 +186,7 @@ func TestSuiteCatchesBrokenDrivers(t *testing.T) {
 				return f, nil
 			},
 			Cut:          func(d driver.Locker) (func(), error) { return asFlawed(d).cutOff() },
-			Reset:        func(d driver.Locker) error { f := asFlawed(d); f.mu.Lock(); f.reset = true; f.mu.Unlock(); return nil },
+			Reset:        func(d driver.Locker) error { asFlawed(d).resetConns(); return nil },
 			Restart:      func(context.Context) error { st.restart(false); return nil },
 			RestartEmpty: func(context.Context) error { st.restart(true); return nil },
 		})

@@ -274,7 +274,75 @@
 //   - [Pi1] "Ping makes one round trip to the server; it returns nil when the server answered." →
 //     Driver/Pinger; mutant: ping-fails. That it is one round trip is not visible.
 //
-// SharedLocker (semaphores and read-write locks; run only on a driver that implements it):
+// BatchRefresher:
+//
+//   - [BR1] "it refreshes the lock it names only if its owner holds it, and otherwise gets ErrNotHeld and
+//     changes nothing" and "the batch refreshes exactly the locks it names and whose owners hold them, and
+//     nothing else" (another owner's lock, a released lock, a key never taken, and a lock of the same owner
+//     the batch does not name) → Driver/BatchRefresh; mutant: batch-foreign-extends.
+//   - [BR2] "its ttl counts from the call, replaces the one in force" → Driver/BatchRefresh; mutant:
+//     batch-keeps-ttl.
+//   - [BR3] "One item's failure never changes another item's outcome", and results come "in the order of
+//     items" (an empty key gets ErrInvalid, the rest their own results) → Driver/BatchRefresh; mutant:
+//     batch-error-spreads.
+//   - [BR4] "A failure of the request as a whole (ctx done, the server unreachable, ErrClosed) is reported
+//     on every item it affects" (a done context, a closed Locker) → Driver/BatchRefresh; mutant:
+//     batch-ignores-context.
+//   - [BR5] "Items naming the same key are refreshed in order." and "An empty batch … makes no request" →
+//     not checked: the order of two refreshes of one key by one owner, and a request, are not visible through
+//     the interface (that an empty batch returns no results is checked by Driver/BatchRefresh).
+//   - [BR6] Package locker: "sends the automatic renewals that fall due together on one Locker through it" →
+//     not checked: binds package locker (root tests TestBatchIsolation, TestBatchStallLosesOnTime); the
+//     Locker/* subtests renew through it on every driver that has it.
+//
+// ChangeWatcher (run on a driver that is also a driver.Inspector: each report is followed by an Inspect
+// through another Locker, and reports are never matched to changes one for one; a change counts as
+// reported when a call of changed that began after the change was sent is followed by a read that finds
+// it, within 1s + one unit of the change's return. The keys are election keys, under
+// locker.ElectionPrefix, so that PostgreSQL lease mode takes part; a watch of one refused with an error
+// matching errors.ErrUnsupported, as PostgreSQL advisory mode and Redlock refuse, leaves nothing to check):
+//
+//   - [CW1] "From the moment it returns, changed is called each time the holder of key may have changed"
+//     (a grant through another Locker made right after WatchChanges returned, before a driver that arms
+//     its watch with a first read has read) → Driver/ChangeWatcher; mutant: changes-registers-late.
+//   - [CW2] "a grant to an owner that did not hold key" (a key never taken, and a released one) →
+//     Driver/ChangeWatcher; mutant: changes-misses-grant.
+//   - [CW3] "a release" (through another Locker, the holder's) → Driver/ChangeWatcher; mutant:
+//     changes-misses-release.
+//   - [CW4] "(a takeover of an expired lock included)", and "An expiry with no other change need not be
+//     reported": a lock of one unit left to expire (Inspect then finds it free), then taken by another
+//     owner through another Locker; the expiry may be reported or not, the takeover must be →
+//     Driver/ChangeWatcher; mutant: changes-misses-takeover (reports a grant of a free key, not one over
+//     an expired lock).
+//   - [CW5] "Spurious calls are allowed; missed ones are not" → see CW1–CW4; every check reads the key
+//     after each report and waits on while it finds an older state.
+//   - [CW6] "stop ends the watch, may be called more than once" (twice at once, from two goroutines) and
+//     "(changed may still be called once after stop)": changed begins at most once after stop returned,
+//     for four changes made after it (a second watch of the key is the barrier) → Driver/ChangeWatcher;
+//     mutant: changes-stop-noop.
+//   - [CW7] "must not wait for changed to return" (stop while changed is blocked returns within 5s) →
+//     Driver/ChangeWatcher; mutant: changes-stop-waits.
+//   - [CW8] "never concurrently with itself" → Driver/ChangeWatcher (a call that begins while another
+//     runs fails the check); no driver mutant: two overlapping calls show only when a schedule makes them
+//     meet, which the suite cannot force, so no mutant fails it every time.
+//   - [CW9] L6, L8 and C3 for WatchChanges: an empty key gets ErrInvalid, a cancelled and an expired
+//     context their errors, a closed Locker ErrClosed, and none calls changed → Driver/ChangeWatcher;
+//     mutants: changes-empty-key-accepted, changes-ignores-ctx, closed-optional-calls-work.
+//   - [CW10] "A non-nil error means key is not watched (for example errors.ErrUnsupported where the
+//     deployment cannot notify)": on a reachable backend, a watch of a key outside locker.ElectionPrefix
+//     reports a grant, or is refused with an error matching errors.ErrUnsupported (PostgreSQL lease mode
+//     announces election keys only), never another error → Driver/ChangeWatcher; mutant:
+//     changes-refused-plain-error.
+//   - [CW11] "except across a lost connection, after which the driver calls changed once it is
+//     re-established": a release made right after a Reset of the watcher's Locker is reported within
+//     1s + one unit of that Locker's first answer after the Reset, and a grant after it too →
+//     Faults/ChangesAcrossReset (run when the Harness sets Reset); mutant: changes-deaf-after-reset.
+//   - [CW12] "changed … must return at once and must not call the Locker" and "package locker then relies on
+//     reads" → not checked: obligations of the caller (package locker's Observe, root tests
+//     TestElectionObserve*).
+//
+// SharedLocker (semaphores and read-write locks; run only on a driver that implements it and, if it is
+// a driver.SharedRefuser, whose SharedUnsupported returns nil):
 //
 //   - [S1] "never more than Limit holders of a semaphore …, and never a writer together with any other
 //     holder of its read-write lock. The check and the grant are one atomic step on the server." →
@@ -351,6 +419,38 @@
 //     own clock from when the winning call returned, so a driver that answers late only lengthens the bound
 //     (root test TestMaxHoldCountsFromGrant).
 //
+// Leader election (package locker's Election over the driver, through locker.New; run on a driver that is
+// a driver.Inspector). Each mutant breaks an election's lock only (keys under locker.ElectionPrefix), so
+// that only these checks can see it:
+//
+//   - [EL1] "At most one leader at a time": three candidates Lead one election and resign after short terms;
+//     when a leader's fn starts, no other leader's fn context is still open; it contends until it has seen 3
+//     terms, for at most 10 windows of 500ms → Locker/ElectionOneLeader; mutant: election-two-leaders.
+//   - [EL2] "Terms fence": a term is strictly greater than every earlier term, across a resign and across a
+//     leader's expiry, and Leader reports it → Locker/ElectionTerms; mutant: election-terms-repeat.
+//   - [EL3] "No phantom leader": a leader whose lease runs out (renewal off) has its fn's context cancelled
+//     before another candidate's Campaign returns; its Lead is stopped once it has lost, so that it cannot
+//     win again first → Locker/ElectionNoPhantom; mutant: election-frees-early (the server forgets the lock
+//     half way through its TTL and tells no one).
+//   - [EL4] "The leader's value is visible": any bytes (printable ASCII only where the driver declares
+//     Capabilities.OwnerASCII), up to Election.MaxValue (which Capabilities.MaxOwner lowers), as given, through
+//     another Locker → Locker/ElectionValue; mutant: election-value-truncated (Inspect keeps 64 bytes of an
+//     owner and the driver declares no MaxOwner).
+//   - [EL5] Observe "yields the current leader (or none) at once, then every change of leader": each new
+//     leader with its value and term, and each resign, within 1s → Locker/ElectionObserve; mutant:
+//     election-inspect-stale.
+//   - [EL6] Observe "never yields a term lower than one it has yielded", and one leader never shows under two
+//     terms → Locker/ElectionObserve; no driver mutant: package locker drops a lower term whatever Inspect
+//     says, so only a broken root fails it (this subtest, run on the mem driver, is the root's check).
+//   - [EL7] "Resign is fast": after Release, or fn returning an error from Lead (which Lead returns), the
+//     waiting candidate is elected within 1s (run on a driver with a Waiter or a BlockingAcquirer) →
+//     Locker/ElectionResign; mutant: election-release-noop.
+//   - [EL8] "Bad input gets ErrInvalid": an empty name (Campaign, Lead, Leader, Observe), WithOwner, TTL 0, a
+//     value one byte over Election.MaxValue, a value not printable ASCII where the driver declares OwnerASCII;
+//     nothing is held afterwards; Lead with a nil fn panics → Locker/ElectionBadInput; no driver mutant:
+//     package locker rejects them before calling the driver, from the Capabilities the driver declares
+//     (whether a declared limit is the real one is EL4's check).
+//
 // Under faults (the fault subtests below):
 //
 //   - [F1] Lock.Lost "closes before the server can grant the key to anyone else", with a holder cut off
@@ -367,6 +467,71 @@
 //     holder's Lost closes at once when it resumes → Faults/Pause; no driver mutant: a driver that frees
 //     early fails F1 the same way, and the flawed driver's state lives in one process, which a child cannot
 //     share.
+//   - [F6] Elections under the same faults: every contender's Locker also Leads one election; never two
+//     leaders whose fn contexts are open at once for longer than the Harness's LostBound, and terms in
+//     real-time order → Faults/Cut (and every other fault subtest); mutant: election-frees-on-cut (the server
+//     frees the election lock of a Locker cut off, and tells no one).
+//   - [F17] Shared holds under the same faults: every contender's Locker also takes permits of a semaphore
+//     of 2 and read or write holds of a read-write lock; never more than 2 permit holders, nor a writer
+//     beside another holder, believing they hold at once for longer than the Harness's LostBound; tokens
+//     of each lock in real-time order; the fenced register never accepts a write made after a later
+//     grant's write; both locks free at the end → Faults/Cut (and every other fault subtest, on a
+//     driver.SharedLocker); mutant: shared-frees-on-cut (the server frees the shared holds of a Locker cut
+//     off, and tells no one).
+//
+// Directed faults (rows F7–F16; each stages one fault at the moment it matters, on its own short schedule, not the
+// random histories' FaultTimeEnv, and checks one obligation; see "Directed fault subtests" below):
+//
+//   - [F7] A reply lost under a cut: a TryAcquire of a free key through a Locker cut off, with a 300ms
+//     context, must not report ErrNotAcquired (the key was free: the reply was lost, not refused), and once
+//     the 1s cut heals, package locker's clean-up frees whatever the server granted within 5s + 2 units, far
+//     inside the grant's TTL of at least 30s → Faults/LostReply; mutants: lost-reply-not-acquired,
+//     tcp-lost-reply-not-acquired (the server grants, the driver reports ErrNotAcquired, so nothing cleans
+//     the grant up; the second on the TCP reference driver, through a real cut).
+//   - [F8] Inspect after a restart that keeps the data reports the same holder and token, and the holder's
+//     Refresh succeeds (where Capabilities.LockerBound, the lock may end with its session, and then Inspect
+//     must agree with an Acquire by another owner) → Faults/InspectAfterRestart; mutants:
+//     restart-renumbers-tokens, tcp-restart-renumbers-tokens.
+//   - [F9] Inspect after a restart that loses the data reports no stale holder: what it reports agrees with
+//     whether another owner can then take the key → Faults/InspectAfterRestartEmpty; mutants:
+//     inspect-ghost-after-empty-restart, tcp-inspect-ghost-after-empty-restart (Inspect reads a copy the
+//     restart did not empty).
+//   - [F10] The server agrees with the believers: a Reset of a Locker that holds nothing (it released the key,
+//     then another Locker took it) changes no key's holder once it has reconnected; after a Reset of the
+//     holder, a Refresh that succeeds is matched by Inspect (same owner and token), and one that reports
+//     ErrNotHeld is not contradicted by it → Faults/ServerAgrees; mutants: reset-reasserts,
+//     tcp-reset-reasserts (the client re-acquires, on reconnect, a key it released).
+//   - [F11] A HoldWatcher whose connections are reset while the server keeps the lock reports no loss
+//     within 1s of the holder's next successful round trip (a loss reported while Inspect still shows the
+//     grant is a false alarm) → Faults/WatchAcrossReset; mutant: watch-alarm-on-reset.
+//   - [F12] After a restart that loses the lock (Inspect then shows it gone), the HoldWatcher reports the
+//     loss within 1s of the restart hook's return; where the lock survives (a quorum of servers), it
+//     reports nothing → Faults/WatchRestartEmpty; mutant: watch-misses-empty-restart.
+//   - [F13] Waits survive reconnects: a Waiter subscribed under a holder with a TTL of at least 30s, whose
+//     connection a fault breaks, is woken by the holder's release within 1s, not at the TTL, and the key
+//     is then free to the waiter's Locker (wake-ups before the release are drained: a driver sends one
+//     after a lost connection); since that one wake-up may come late and pass for the release's, the
+//     holder takes the key again, the Waiter must stay silent in one of three 300ms windows while the key
+//     is held and untouched, and a second release must wake it within 1s too. With a Reset of the
+//     waiter's Locker → Faults/WaitAcrossReset; mutants: waiter-deaf-after-reset,
+//     tcp-waiter-deaf-after-reset, tcp-waiter-deaf-wakes-late (the TCP client never re-subscribes; the
+//     second sends its one post-reconnect wake-up 300ms late, so that it lands after the first release,
+//     which the first check alone took for the release's). Limit: a Waiter that wakes on a timer slower
+//     than 300ms, or only after a release plus a delay, cannot be told from one that hears releases; the
+//     1s bound is what limits it.
+//   - [F14] The same across a server restart that keeps the data → Faults/WaitAcrossRestart; mutants:
+//     waiter-deaf-after-restart, tcp-waiter-deaf-after-restart (the server acknowledges and drops the
+//     subscriptions made in the first 5s after a restart).
+//   - [F15] A Refresh through a Locker cut off from the server, with a shorter and with a longer TTL and a
+//     300ms context, returns before the heal with an error, never success (no reply could have come
+//     back); after the heal the holder's Refresh succeeds (where Capabilities.LockerBound, the session the
+//     cut-short calls ended may have taken the lock with it) → Faults/RefreshUnderCut; mutant:
+//     refresh-ok-on-timeout, tcp-refresh-ok-on-timeout.
+//   - [F16] A holder cut off while the server restarts without its data, after which another owner takes
+//     the key, gets ErrNotHeld from its first Refresh after the heal and leaves the new holder's lock alone
+//     (where the lock survives the restart, a quorum of servers, its Refresh succeeds) →
+//     Faults/RestartWhileCut; mutant: heal-reasserts (the client re-acquires, on reconnect, what it believes
+//     it holds).
 //
 // # Fault subtests
 //
@@ -396,7 +561,36 @@
 //     real-time order check of the token sequence: a linearizability check of the counter), except across
 //     RestartEmpty for a driver whose Capabilities.DurableTokens is false;
 //   - the key still held after every contender stopped and the last TTL ran out;
-//   - in Faults/Pause, a child whose Lost did not close within 1s of resuming.
+//   - in Faults/Pause, a child whose Lost did not close within 1s of resuming;
+//   - in the election track (row F6), two leaders whose fns both had their context open, each stamping the
+//     time every unit/20 before checking it, for longer than LostBound after the later one's fn started; or
+//     a term not strictly greater than a term whose fn started before the campaign that won it began;
+//   - in the shared track (row F17, on a driver.SharedLocker), three permit holders of the semaphore of 2,
+//     or a writer and another holder of the read-write lock, all believing they hold for longer than
+//     LostBound after the last of them was granted; a token of either lock out of real-time order (as
+//     above); the fenced register of the writers accepting a write made after the write of a grant that
+//     began after the writer's own grant had returned; either lock still held once every contender
+//     stopped and the last TTL ran out; or no shared hold granted at all.
+//
+// Cut and Reset aim in turn at the key's holder, the election's leader and a shared holder (a writer
+// first). Each subtest also logs "election-track: fault=… terms=… violations=…" and "shared-track:
+// fault=… permits=… reads=… writes=… violations=… stale_rejected=… register_writes=…".
+//
+// # Directed fault subtests
+//
+// Beside the random histories, Run runs one directed subtest per row F7–F16
+// whose hook the Harness sets and whose interfaces the driver has (Inspector;
+// HoldWatcher for F11 and F12; Waiter for F13 and F14), also one at a time
+// under Faults/: LostReply (Cut), RefreshUnderCut (Cut), RestartWhileCut
+// (Cut and RestartEmpty), InspectAfterRestart (Restart),
+// InspectAfterRestartEmpty (RestartEmpty), ServerAgrees (Reset),
+// WatchAcrossReset (Reset), WatchRestartEmpty (RestartEmpty),
+// WaitAcrossReset (Reset), WaitAcrossRestart (Restart), and ChangesAcrossReset (Reset; row CW11, on a
+// driver.ChangeWatcher). Each makes raw driver calls (LostReply
+// goes through package locker, whose clean-up it checks), stages its fault
+// between two of them, and retries a call that fails to reach the backend
+// for up to 30s after the fault. A backend that cannot meet one declares it
+// in Harness.Cannot ("Faults/WatchRestartEmpty").
 //
 // The fenced register replays every write in the order written and rejects a
 // token lower than one it accepted; since tokens follow real-time order

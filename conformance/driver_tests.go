@@ -43,8 +43,10 @@ func (s *suite) driverSubtests() []subtest {
 		{name: "BlockingExpiry", fn: s.driverBlockingExpiry, needs: "BlockingAcquirer"},
 		{name: "Inspector", fn: s.driverInspector, needs: "Inspector"},
 		{name: "Pinger", fn: s.driverPinger, needs: "Pinger"},
+		{name: "BatchRefresh", fn: s.driverBatchRefresh, needs: "BatchRefresher"},
 		{name: "HoldWatcher", fn: s.driverHoldWatcher, needs: "HoldWatcher"},
 		{name: "HoldWatcherExpiry", fn: s.driverHoldWatcherExpiry, needs: "HoldWatcher"},
+		{name: "ChangeWatcher", fn: s.driverChangeWatcher, needs: "ChangeWatcher"},
 	}
 }
 

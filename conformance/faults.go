@@ -70,6 +70,8 @@ func (s *suite) faultRun(t *testing.T, fault string, inject func(context.Context
 	for i := range contenders {
 		wg.Go(func() { s.contend(ctx, fmt.Sprintf("L%d", i), h.lockers[i], h) })
 	}
+	s.startElections(ctx, &wg, h)
+	s.startShared(ctx, &wg, h)
 	injErr := make(chan error, 1)
 	wg.Go(func() {
 		err := inject(ctx, t, h)
@@ -83,6 +85,8 @@ func (s *suite) faultRun(t *testing.T, fault string, inject func(context.Context
 		t.Fatalf("fault hook %s failed: %v", fault, err)
 	}
 	s.checkHistory(t, fault, h)
+	s.checkElections(t, fault, h)
+	s.checkShared(t, fault, h)
 }
 
 // history is what the contenders of one fault subtest did.
@@ -90,6 +94,8 @@ type history struct {
 	key     string
 	ttl     time.Duration
 	lockers []*locker.Locker
+	el      *etrack // the election track (tracks.go)
+	sh      *strack // the shared-hold track (sharedtrack.go)
 
 	mu       sync.Mutex
 	grants   []*hgrant
@@ -188,59 +194,7 @@ func (s *suite) contend(ctx context.Context, who string, l *locker.Locker, h *hi
 		}
 		g := &hgrant{who: who, token: lk.Token(), start: start, end: end}
 		h.add(g)
-		lostAt := make(chan time.Time, 1)
-		go func() {
-			<-lk.Lost()
-			lostAt <- time.Now()
-		}()
-		holdUntil := time.Now().Add(rand.N(3 * s.unit / 2))
-		tick := time.NewTicker(max(s.unit/10, time.Millisecond))
-	hold:
-		for time.Now().Before(holdUntil) && ctx.Err() == nil {
-			// The stamp comes before the check: a write stamped while Lost
-			// was still open was made while the holder believed it held.
-			at := time.Now()
-			select {
-			case <-lk.Lost():
-				break hold
-			default:
-			}
-			h.mu.Lock()
-			g.writes = append(g.writes, hwrite{token: g.token, at: at})
-			h.mu.Unlock()
-			select {
-			case <-tick.C:
-			case <-lk.Lost():
-				break hold
-			case <-ctx.Done():
-			}
-		}
-		tick.Stop()
-		var lostWhen time.Time
-		h.mu.Lock()
-		select {
-		case <-lk.Lost():
-		default:
-			g.released = time.Now()
-		}
-		h.mu.Unlock()
-		if g.released.IsZero() {
-			lostWhen = <-lostAt
-		}
-		rctx, cancel := context.WithTimeout(context.Background(), 2*s.unit+quick)
-		_ = lk.Release(rctx)
-		cancel()
-		h.op()
-		h.mu.Lock()
-		// Once the lock has ended, Deadline keeps the value it had then:
-		// Lost closes at it when no renewal succeeded, whenever the
-		// goroutine that notes the moment runs.
-		g.deadline = lk.Deadline()
-		if !lostWhen.IsZero() {
-			g.lost = lostWhen
-			g.cause = fmt.Sprint(lk.Err())
-		}
-		h.mu.Unlock()
+		s.keep(ctx, lk, g, &h.mu, true)
 	}
 }
 
@@ -268,14 +222,12 @@ func every(ctx context.Context, gap time.Duration, fn func() error) error {
 	}
 }
 
-// injectCut cuts the current holder (or, with none, a random contender)
-// off for half a unit to two units at a time.
+// injectCut cuts the Locker history.target chooses (the key's holder, the
+// election's leader or a shared holder in turn; with none, a random
+// contender) off for half a unit to two units at a time.
 func (s *suite) injectCut(ctx context.Context, t *testing.T, h *history) error {
 	return every(ctx, 2*s.unit, func() error {
-		g, l := h.holder()
-		if l == nil {
-			l = h.lockers[rand.N(len(h.lockers))]
-		}
+		g, l := h.target()
 		heal, err := s.h.Cut(l.Driver())
 		if err != nil {
 			return err
@@ -287,14 +239,11 @@ func (s *suite) injectCut(ctx context.Context, t *testing.T, h *history) error {
 	})
 }
 
-// injectReset resets the current holder's connections (or a random
-// contender's).
+// injectReset resets the connections of the Locker history.target
+// chooses, as injectCut does.
 func (s *suite) injectReset(ctx context.Context, t *testing.T, h *history) error {
 	return every(ctx, s.unit, func() error {
-		g, l := h.holder()
-		if l == nil {
-			l = h.lockers[rand.N(len(h.lockers))]
-		}
+		g, l := h.target()
 		if err := s.h.Reset(l.Driver()); err != nil {
 			return err
 		}

@@ -3,6 +3,8 @@ package conformance_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +38,7 @@ var sharedMutants = []mutant{
 	{"shared-namespace-mutex", "Driver/SharedNamespaces", sharedVariant},
 	{"shared-wait-polls", "Driver/SharedWakeups", sharedVariant},
 	{"shared-cancel-stays-queued", "Driver/SharedContext", sharedVariant},
+	{"shared-frees-on-cut", "Faults/Cut", sharedVariant},
 }
 
 func init() { mutants = append(mutants, sharedMutants...) }
@@ -44,12 +47,23 @@ func init() { mutants = append(mutants, sharedMutants...) }
 func runShared(t *testing.T, flaw string) {
 	store := mem.NewStore()
 	st := &sharedFlawState{flaw: flaw, maxSeen: map[string]int{}}
+	if os.Getenv(conformance.FaultTimeEnv) == "" {
+		// Long enough that a few cuts hit a shared holder.
+		t.Setenv(conformance.FaultTimeEnv, "4s")
+	}
 	conformance.Run(t, conformance.Harness{
 		Open: func(context.Context) (driver.Locker, error) {
 			c := store.Locker()
-			return &flawedShared{Locker: c, sh: c.(driver.SharedLocker), st: st, tokens: map[string]uint64{}}, nil
+			return &flawedShared{Locker: c, sh: c.(driver.SharedLocker), st: st, tokens: map[string]uint64{}, held: map[sharedHold]bool{}}, nil
 		},
+		Cut: func(d driver.Locker) (func(), error) { return d.(*flawedShared).cutOff(), nil },
 	})
+}
+
+// sharedHold names one shared hold granted through a flawedShared.
+type sharedHold struct {
+	key, owner string
+	mode       driver.SharedMode
 }
 
 type sharedFlawState struct {
@@ -66,6 +80,71 @@ type flawedShared struct {
 	mu     sync.Mutex
 	local  uint64            // shared-tokens-per-locker
 	tokens map[string]uint64 // the same, by key and owner
+	cut    chan struct{}     // closed at the heal of Harness.Cut; nil when not cut
+	held   map[sharedHold]bool
+}
+
+// gate stages Harness.Cut: a call through a Locker that is cut off waits
+// for the heal or its context.
+func (f *flawedShared) gate(ctx context.Context) error {
+	f.mu.Lock()
+	cut := f.cut
+	f.mu.Unlock()
+	if cut == nil {
+		return nil
+	}
+	select {
+	case <-cut:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("flawed: cut off: %w", ctx.Err())
+	}
+}
+
+// cutOff is Harness.Cut. With shared-frees-on-cut, the server frees f's
+// shared holds at once, and their holders hear nothing (the driver has no
+// HoldWatcher) until a refresh reaches the server after the heal.
+func (f *flawedShared) cutOff() func() {
+	ch := make(chan struct{})
+	f.mu.Lock()
+	f.cut = ch
+	var drop []sharedHold
+	if f.is("shared-frees-on-cut") {
+		for h := range f.held {
+			drop = append(drop, h)
+		}
+	}
+	f.mu.Unlock()
+	for _, h := range drop {
+		_ = f.sh.ReleaseShared(context.Background(), h.key, h.mode, h.owner)
+	}
+	return func() {
+		f.mu.Lock()
+		f.cut = nil
+		f.mu.Unlock()
+		close(ch)
+	}
+}
+
+func (f *flawedShared) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
+	if err := f.gate(ctx); err != nil {
+		return 0, err
+	}
+	return f.Locker.Acquire(ctx, key, owner, ttl)
+}
+
+func (f *flawedShared) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := f.gate(ctx); err != nil {
+		return err
+	}
+	return f.Locker.Refresh(ctx, key, owner, ttl)
+}
+
+func (f *flawedShared) Release(ctx context.Context, key, owner string) error {
+	if err := f.gate(ctx); err != nil {
+		return err
+	}
+	return f.Locker.Release(ctx, key, owner)
 }
 
 func (f *flawedShared) is(flaw string) bool { return f.st.flaw == flaw }
@@ -102,6 +181,19 @@ func (f *flawedShared) limit(key string, r driver.SharedRequest) int {
 }
 
 func (f *flawedShared) AcquireShared(ctx context.Context, key string, r driver.SharedRequest) (uint64, error) {
+	if err := f.gate(ctx); err != nil {
+		return 0, err
+	}
+	tok, err := f.acquireShared(ctx, key, r)
+	if err == nil {
+		f.mu.Lock()
+		f.held[sharedHold{key, r.Owner, f.mode(r.Mode)}] = true
+		f.mu.Unlock()
+	}
+	return tok, err
+}
+
+func (f *flawedShared) acquireShared(ctx context.Context, key string, r driver.SharedRequest) (uint64, error) {
 	r.Mode, r.TTL, r.Limit = f.mode(r.Mode), f.ttl(r.TTL), f.limit(key, r)
 	if f.is("shared-not-idempotent") && ctx.Err() == nil {
 		hs, _ := f.sh.InspectShared(ctx, key, r.Mode)
@@ -176,11 +268,20 @@ func (f *flawedShared) poll(ctx context.Context, key string, r driver.SharedRequ
 }
 
 func (f *flawedShared) RefreshShared(ctx context.Context, key string, mode driver.SharedMode, owner string, ttl time.Duration) error {
+	if err := f.gate(ctx); err != nil {
+		return err
+	}
 	return f.sh.RefreshShared(ctx, key, f.mode(mode), owner, f.ttl(ttl))
 }
 
 func (f *flawedShared) ReleaseShared(ctx context.Context, key string, mode driver.SharedMode, owner string) error {
+	if err := f.gate(ctx); err != nil {
+		return err
+	}
 	mode = f.mode(mode)
+	f.mu.Lock()
+	delete(f.held, sharedHold{key, owner, mode})
+	f.mu.Unlock()
 	hs, _ := f.sh.InspectShared(ctx, key, mode)
 	switch {
 	case f.is("shared-release-frees-all"):
@@ -200,5 +301,8 @@ func (f *flawedShared) ReleaseShared(ctx context.Context, key string, mode drive
 }
 
 func (f *flawedShared) InspectShared(ctx context.Context, key string, mode driver.SharedMode) ([]driver.SharedInfo, error) {
+	if err := f.gate(ctx); err != nil {
+		return nil, err
+	}
 	return f.sh.InspectShared(ctx, key, mode)
 }

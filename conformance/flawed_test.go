@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
 	"strings"
 	"sync"
@@ -13,10 +14,12 @@ import (
 	"github.com/go-locker/locker/driver"
 )
 
-// flawCaps are the capabilities of the flawed driver. It declares a drift
+// flawCaps are the capabilities of the flawed driver. Its MinTTL is wide
+// enough (60ms) that a driver honouring only 1ms of it is caught by a probe
+// a loaded machine schedules late. It declares a drift
 // and uses half of it (its locks end a little before their TTL), so that a
 // suite that ignored the declared margin would fail the correct driver.
-var flawCaps = driver.Capabilities{MinTTL: 20 * time.Millisecond, DriftFactor: 0.05, DriftFixed: time.Millisecond, DurableTokens: true}
+var flawCaps = driver.Capabilities{MinTTL: 60 * time.Millisecond, DriftFactor: 0.05, DriftFixed: time.Millisecond, DurableTokens: true}
 
 // flawStore is the "server" shared by every flawed Locker of one run.
 // Expired records stay in the map (so that a flaw can misuse them) and are
@@ -29,10 +32,12 @@ type flawStore struct {
 	perKey  map[string]uint64
 	subs    map[string]map[*flawSub]struct{}
 	watches map[string]map[*flawWatch]struct{}
-	change  chan struct{} // closed and replaced on every release or expiry
-	release chan struct{} // the same, on releases only
-	down    time.Time     // a restart: calls fail with ErrUnavailable until then
-	quiet   bool          // changed does not tell watchers (frees-on-cut)
+	change  chan struct{}                   // closed and replaced on every release or expiry
+	release chan struct{}                   // the same, on releases only
+	down    time.Time                       // a restart: calls fail with ErrUnavailable until then
+	quiet   bool                            // changed does not tell watchers (frees-on-cut)
+	ghosts  map[string]*flawRec             // inspect-ghost-after-empty-restart
+	cws     map[string]map[*flawCW]struct{} // WatchChanges (flawed_changewatch_test.go)
 }
 
 type flawRec struct {
@@ -73,7 +78,7 @@ func (s *flawStore) serverTTL(ttl time.Duration) time.Duration {
 		// through the TTL the holder counts on. Renewals every TTL/3 hide
 		// it; a holder cut off shows it.
 		return ttl / 2
-	case s.is("min-ttl-not-honoured") && ttl < 50*time.Millisecond:
+	case s.is("min-ttl-not-honoured") && ttl <= flawCaps.MinTTL:
 		return time.Millisecond
 	case s.is("granularity-rounds-down"):
 		ttl = ttl.Truncate(100 * time.Millisecond)
@@ -132,6 +137,9 @@ func (s *flawStore) changed(key string, released bool) {
 	if !s.quiet {
 		s.checkWatches(key)
 	}
+	if released {
+		s.notifyChanges(key, "release")
+	}
 }
 
 // checkWatches reports lost to every watcher of key whose grant is no
@@ -166,6 +174,9 @@ type flawed struct {
 	scratch atomic.Value  // shared-scratch
 	cut     chan struct{} // while cut off (Harness.Cut): closed at heal
 	reset   bool          // the next call fails, as after a TCP reset
+	// believed is what the client believes it holds, key to owner
+	// (reset-reasserts: never forgotten, re-asserted after a reset).
+	believed map[string]string
 }
 
 type flawedBlocking struct{ *flawed }
@@ -227,9 +238,12 @@ func (f *flawed) gate(ctx context.Context) error {
 	f.reset = false
 	f.mu.Unlock()
 	if reset {
+		if f.is("reset-reasserts") {
+			f.reassert()
+		}
 		return errors.New("flawed: connection reset by peer")
 	}
-	if cut != nil && ctx.Done() != nil {
+	if cut != nil && ctx.Done() != nil && ctx.Value(delivered{}) == nil {
 		// A call without a context (WatchHold) starts a watch on what the
 		// driver already has; it has nothing to wait for.
 		select {
@@ -245,6 +259,85 @@ func (f *flawed) gate(ctx context.Context) error {
 		return fmt.Errorf("flawed: %w: the server is restarting", driver.ErrUnavailable)
 	}
 	return nil
+}
+
+// delivered marks the context of a request that reached the server under
+// a cut (its reply is what the cut loses).
+type delivered struct{}
+
+// lostReply is Acquire through a Locker that is cut off: the request
+// reaches the server, and the reply waits for the heal. If ctx ends first
+// the caller gets ctx's error (lost-reply-not-acquired: ErrNotAcquired),
+// whatever the server did.
+func (f *flawed) lostReply(ctx context.Context, cut <-chan struct{}, key, owner string, ttl time.Duration) (uint64, error) {
+	tok, err := f.acquire(context.WithValue(ctx, delivered{}, true), key, owner, ttl, false)
+	select {
+	case <-cut:
+		return tok, err
+	case <-ctx.Done():
+		if f.is("lost-reply-not-acquired") {
+			return 0, fmt.Errorf("flawed: no reply: %w", driver.ErrNotAcquired)
+		}
+		return 0, fmt.Errorf("flawed: cut off: %w", ctx.Err())
+	}
+}
+
+// resetConns is Harness.Reset: the next call fails.
+// (watch-alarm-on-reset: f's watches report their locks lost.)
+func (f *flawed) resetConns() {
+	f.mu.Lock()
+	f.reset = true
+	f.mu.Unlock()
+	if f.is("waiter-deaf-after-reset") {
+		f.st.dropSubs(f) // the subscriptions' connection is not re-established
+	}
+	f.resetChanges()
+	if f.is("watch-alarm-on-reset") {
+		s := f.st
+		s.mu.Lock()
+		for _, ws := range s.watches {
+			for w := range ws {
+				if w.by == f {
+					w.fire("the connection was reset")
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// dropSubs forgets the subscriptions made through by, or every one when
+// by is nil, without a word to their subscribers.
+func (s *flawStore) dropSubs(by *flawed) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, subs := range s.subs {
+		for sub := range subs {
+			if by == nil || sub.by == by {
+				delete(subs, sub)
+			}
+		}
+	}
+}
+
+// reassert re-acquires, after a reset, every key the client believes it
+// holds, over whoever holds it now (reset-reasserts).
+func (f *flawed) reassert() {
+	f.mu.Lock()
+	held := maps.Clone(f.believed)
+	f.mu.Unlock()
+	s := f.st
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for key, owner := range held {
+		if old := s.locks[key]; old != nil && old.timer != nil {
+			old.timer.Stop()
+		}
+		s.counter++
+		r := &flawRec{owner: owner, token: s.counter, by: f}
+		s.arm(key, r, 30*time.Second)
+		s.locks[key] = r
+	}
 }
 
 // cutOff is Harness.Cut. With frees-on-cut, the server frees f's locks at
@@ -272,6 +365,9 @@ func (f *flawed) cutOff() (func(), error) {
 		f.mu.Lock()
 		f.cut = nil
 		f.mu.Unlock()
+		if f.is("heal-reasserts") {
+			f.reassert() // what it believes it holds, over whoever holds it now
+		}
 		close(ch)
 	}, nil
 }
@@ -283,12 +379,30 @@ func (f *flawed) cutOff() (func(), error) {
 // empty-restart-resets-tokens.
 func (s *flawStore) restart(empty bool) {
 	const downtime = 50 * time.Millisecond
+	if s.is("waiter-deaf-after-restart") {
+		s.dropSubs(nil)
+	}
 	s.mu.Lock()
 	s.down = time.Now().Add(downtime)
+	if !empty && s.is("restart-renumbers-tokens") {
+		// The tokens are kept apart from the locks, and not in the snapshot
+		// the restart reloads: each lock comes back with a new one.
+		for key := range s.locks {
+			if r := s.live(key); r != nil {
+				s.counter++
+				r.token = s.counter
+			}
+		}
+	}
 	if empty {
+		s.ghosts = map[string]*flawRec{}
 		for key, r := range s.locks {
 			r.timer.Stop()
 			delete(s.locks, key)
+			s.ghosts[key] = r // inspect-ghost-after-empty-restart
+			if s.is("watch-misses-empty-restart") {
+				continue // the watches never hear
+			}
 			s.fireAll(key, "the server restarted without its data")
 			s.changed(key, false)
 		}
@@ -323,9 +437,18 @@ func (f *flawed) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 		}
 		return tok, f.out(err)
 	}
+	f.mu.Lock()
+	cut := f.cut
+	f.mu.Unlock()
+	if cut != nil && ctx.Done() != nil {
+		return f.lostReply(ctx, cut, key, owner, ttl)
+	}
 	for {
 		ch := f.changes(false)
 		tok, err := f.acquire(ctx, key, owner, ttl, false)
+		if err == nil {
+			f.believe(key, owner)
+		}
 		if !f.is("acquire-waits") || !errors.Is(err, driver.ErrNotAcquired) {
 			return tok, f.out(err)
 		}
@@ -333,6 +456,18 @@ func (f *flawed) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 			return 0, err
 		}
 	}
+}
+
+// believe records that the client holds key for owner; only Release
+// forgets it, unless the flaw is reset-reasserts. Only the flaws
+// reset-reasserts and heal-reasserts use it.
+func (f *flawed) believe(key, owner string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.believed == nil {
+		f.believed = map[string]string{}
+	}
+	f.believed[key] = owner
 }
 
 // changes returns the channel closed at the next release or expiry (the
@@ -463,11 +598,15 @@ func (f *flawed) acquire(ctx context.Context, key, owner string, ttl time.Durati
 	s.arm(key, r, ttl)
 	s.locks[key] = r
 	s.checkWatches(key)
+	s.notifyGrant(key, old)
 	return tok, nil
 }
 
 func (f *flawed) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := f.check(ctx, key, ttl, !f.is("refresh-accepts-bad-ttl")); err != nil {
+		if f.is("refresh-ok-on-timeout") && errors.Is(err, context.DeadlineExceeded) {
+			return nil // a timed-out call taken for a success
+		}
 		return f.out(err)
 	}
 	key = f.norm(key)
@@ -503,6 +642,47 @@ func (f *flawed) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 		s.arm(key, r, ttl)
 	}
 	return nil
+}
+
+// RefreshBatch refreshes each item as Refresh does. Flaws:
+// batch-foreign-extends extends the lock an item names even when another
+// owner holds it (and still reports ErrNotHeld); batch-error-spreads fails
+// every item once one is not held; batch-keeps-ttl refreshes a lock to the
+// TTL it had; batch-ignores-context refreshes with a done context.
+func (f *flawed) RefreshBatch(ctx context.Context, items []driver.RefreshItem) []error {
+	errs := make([]error, len(items))
+	failed := false
+	if f.is("batch-ignores-context") {
+		ctx = context.WithoutCancel(ctx)
+	}
+	for i, it := range items {
+		ttl := it.TTL
+		if f.is("batch-keeps-ttl") {
+			f.st.mu.Lock()
+			if r := f.st.live(f.norm(it.Key)); r != nil {
+				ttl = r.ttl
+			}
+			f.st.mu.Unlock()
+		}
+		errs[i] = f.Refresh(ctx, it.Key, it.Owner, ttl)
+		failed = failed || errors.Is(errs[i], driver.ErrNotHeld)
+		if errs[i] != nil && f.is("batch-foreign-extends") && it.Key != "" && it.TTL > 0 {
+			s := f.st
+			s.mu.Lock()
+			if r := s.live(f.norm(it.Key)); r != nil {
+				s.arm(f.norm(it.Key), r, it.TTL)
+			}
+			s.mu.Unlock()
+		}
+	}
+	if failed && f.is("batch-error-spreads") {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = f.out(f.notHeld())
+			}
+		}
+	}
+	return errs
 }
 
 // lookup returns key's live record; with expiredFlaw on, an expired one
@@ -560,6 +740,11 @@ func (f *flawed) Release(ctx context.Context, key, owner string) error {
 			delete(s.watches[key], w) // the owner's own release is not a loss
 		}
 	}
+	if !f.is("reset-reasserts") {
+		f.mu.Lock()
+		delete(f.believed, key)
+		f.mu.Unlock()
+	}
 	r.timer.Stop()
 	delete(s.locks, key)
 	s.changed(key, true)
@@ -613,6 +798,9 @@ func (f *flawed) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := f.lookup(key, "inspect-sees-expired")
+	if g := s.ghosts[key]; r == nil && g != nil && f.is("inspect-ghost-after-empty-restart") && time.Now().Before(g.expires) {
+		r = g // Inspect reads a replica the restart did not empty
+	}
 	if r == nil {
 		if f.is("inspect-free-not-notheld") {
 			return driver.Info{}, nil
@@ -632,6 +820,7 @@ func (f *flawed) Inspect(ctx context.Context, key string) (driver.Info, error) {
 type flawSub struct {
 	ch   chan struct{}
 	sent atomic.Int32
+	by   *flawed // the Locker that subscribed
 }
 
 func (sub *flawSub) wake() {
@@ -650,7 +839,7 @@ func (f *flawed) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 		return nil, nil, f.out(err)
 	}
 	key = f.norm(key)
-	sub := &flawSub{ch: make(chan struct{}, 1)}
+	sub := &flawSub{ch: make(chan struct{}, 1), by: f}
 	if f.is("waiter-unbuffered") {
 		sub.ch = make(chan struct{})
 	}
@@ -758,6 +947,7 @@ type flawWatch struct {
 	once  sync.Once
 	mu    sync.Mutex // held while lost runs (watch-stop-waits-for-lost)
 	stops chan struct{}
+	by    *flawed // the Locker that watches
 }
 
 func (w *flawWatch) fire(why string) {
@@ -786,7 +976,7 @@ func (f *flawed) WatchHold(key, owner string, token uint64, lost func(error)) (f
 		return nil, f.out(err)
 	}
 	key = f.norm(key)
-	w := &flawWatch{owner: owner, token: token, lost: lost, flaw: f.st.flaw, stops: make(chan struct{})}
+	w := &flawWatch{owner: owner, token: token, lost: lost, flaw: f.st.flaw, stops: make(chan struct{}), by: f}
 	s := f.st
 	s.mu.Lock()
 	if s.watches[key] == nil {

@@ -22,10 +22,12 @@ type Harness struct {
 
 	// The fault hooks below are optional. For each one set, Run runs the
 	// fault subtest of the same name ("Faults/Cut", …; see the package
-	// documentation, "Fault subtests"); for each one unset, that subtest is
-	// not registered. The fault subtests run one at a time, after every
-	// other subtest, since a fault may touch the whole server. A hook that
-	// returns an error fails its subtest with that error.
+	// documentation, "Fault subtests"), and the directed fault subtests
+	// that need it ("Faults/LostReply", …; "Directed fault subtests"); for
+	// each one unset, those subtests are not registered. The fault subtests
+	// run one at a time, after every other subtest, since a fault may touch
+	// the whole server. A hook that returns an error fails its subtest with
+	// that error.
 
 	// Cut cuts d, a Locker that Open returned, off from the server until
 	// heal is called: d's requests hang or time out, while the server keeps
@@ -63,6 +65,13 @@ type Harness struct {
 	// session, and the holder hears a few milliseconds after a waiter may
 	// have been granted). Absent means zero: Lost must close first.
 	LostBound map[string]time.Duration
+	// Cannot declares the subtests the backend cannot meet, by name
+	// ("Locker/ElectionObserve", "Faults/Reset"), each with the reason: a
+	// known defect of the backend or the driver, documented where its users
+	// will see it. Run logs each one with its reason and does not run it.
+	// Leave it empty unless a subtest fails for a reason that cannot be
+	// fixed yet; a name that is no subtest makes Run fail.
+	Cannot map[string]string
 }
 
 // hasFaults reports whether any fault hook is set.

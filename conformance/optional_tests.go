@@ -454,23 +454,7 @@ func (s *suite) driverHoldWatcher(t *testing.T) {
 	}
 	time.Sleep(wakeBound / 2) // time for a watcher that misreads the release to call lost
 	noAlarm("after the owner's Release")
-	var wg sync.WaitGroup
-	panics := make(chan any, 2)
-	for range 2 {
-		wg.Go(func() {
-			defer func() {
-				if r := recover(); r != nil {
-					panics <- r
-				}
-			}()
-			stop()
-		})
-	}
-	within(t, quick, "stop called twice at once", wg.Wait)
-	close(panics)
-	for r := range panics {
-		t.Fatalf("stop called twice, from two goroutines at once: panic: %v", r)
-	}
+	stopTwice(t, "stop called twice at once", stop)
 }
 
 // A watched lock whose owner lets it expire, and that another owner then

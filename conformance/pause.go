@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
 )
 
 // childEnv carries "key|ttl" to the child process of Faults/Pause; Run in
@@ -25,11 +26,12 @@ const childEnv = "LOCKER_CONFORMANCE_PAUSE_CHILD"
 // output (the testing package's) is ignored.
 const childPrefix = "conformance-child:"
 
-// runChild is the child of Faults/Pause: it takes the key, then reports on
-// its standard output, one line each, the grant, a write every unit/20
-// with the lock's safe deadline while Lost is open, and the moment Lost
-// closed. Times are Unix nanoseconds on the wall clock, which parent and
-// child share.
+// runChild is the child of Faults/Pause: it takes the write side of the
+// shared track's read-write lock (where the driver offers shared holds),
+// then the key, then reports on its standard output, one line each, the
+// grants, a write every unit/20 with each lock's safe deadline while its
+// Lost is open, and the moments the Losts closed. Times are Unix
+// nanoseconds on the wall clock, which parent and child share.
 func runChild(t *testing.T, h Harness, spec string) {
 	key, ttlText, ok := strings.Cut(spec, "|")
 	ttl, err := time.ParseDuration(ttlText)
@@ -47,6 +49,7 @@ func runChild(t *testing.T, h Harness, spec string) {
 	report := func(format string, args ...any) {
 		fmt.Printf(childPrefix+" "+format+"\n", args...)
 	}
+	sw := childShared(ctx, t, l, key, ttl, report)
 	start := time.Now()
 	lk, err := l.Acquire(ctx, key, locker.WithTTL(ttl))
 	if err != nil {
@@ -66,6 +69,7 @@ func runChild(t *testing.T, h Harness, spec string) {
 		deadline := lk.Deadline()
 		select {
 		case when := <-lostAt:
+			sw.end()
 			report("lost %d %q", when.UnixNano(), fmt.Sprint(lk.Err()))
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_ = lk.Release(rctx)
@@ -74,6 +78,7 @@ func runChild(t *testing.T, h Harness, spec string) {
 		default:
 		}
 		report("write %d %d %d", lk.Token(), at.UnixNano(), deadline.UnixNano())
+		sw.write()
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
@@ -149,6 +154,7 @@ func (s *suite) pauseOnce(t *testing.T, h *history, who string) error {
 		}
 	}
 	var g *hgrant
+	var sg *sgrant // the child's write hold of the shared track's lock
 	for g == nil {
 		f, err := next(30*time.Second + 5*s.unit)
 		if err != nil {
@@ -158,25 +164,27 @@ func (s *suite) pauseOnce(t *testing.T, h *history, who string) error {
 		case "granted":
 			tok, _ := strconv.ParseUint(f[1], 10, 64)
 			g = &hgrant{who: who, token: tok, start: ns(f[2]), end: ns(f[3]), deadline: ns(f[4])}
+		case "sgranted":
+			tok, _ := strconv.ParseUint(f[1], 10, 64)
+			sg = &sgrant{hgrant: hgrant{who: who + "/rw", token: tok, start: ns(f[2]), end: ns(f[3]), deadline: ns(f[4])}, mode: driver.SharedWrite}
+			if tr := h.sh; tr != nil && tr.on {
+				tr.mu.Lock()
+				tr.grants = append(tr.grants, sg)
+				tr.mu.Unlock()
+			}
 		case "error":
 			return fmt.Errorf("the child could not take the key: %s", strings.Join(f[1:], " "))
 		}
 	}
 	h.add(g)
 	record := func(f []string) {
+		if f[0] == "swrite" || f[0] == "slost" {
+			h.sh.recordChild(sg, f, ns)
+			return
+		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		switch f[0] {
-		case "write":
-			tok, _ := strconv.ParseUint(f[1], 10, 64)
-			g.writes = append(g.writes, hwrite{token: tok, at: ns(f[2])})
-			if dl := ns(f[3]); dl.After(g.deadline) {
-				g.deadline = dl
-			}
-		case "lost":
-			g.lost = ns(f[1])
-			g.cause = strings.Join(f[2:], " ")
-		}
+		g.childLine(f, ns)
 	}
 	// Hold a moment, then stop the child for two TTLs.
 	settle := time.After(s.unit / 4)
@@ -215,5 +223,22 @@ func (s *suite) pauseOnce(t *testing.T, h *history, who string) error {
 			}
 			return nil
 		}
+	}
+}
+
+// childLine records in g a line of the child of Faults/Pause about it: a
+// write ("write" or "swrite": token, time, safe deadline) or the moment its
+// Lost closed ("lost" or "slost": time, cause).
+func (g *hgrant) childLine(f []string, ns func(string) time.Time) {
+	switch f[0] {
+	case "write", "swrite":
+		tok, _ := strconv.ParseUint(f[1], 10, 64)
+		g.writes = append(g.writes, hwrite{token: tok, at: ns(f[2])})
+		if dl := ns(f[3]); dl.After(g.deadline) {
+			g.deadline = dl
+		}
+	case "lost", "slost":
+		g.lost = ns(f[1])
+		g.cause = strings.Join(f[2:], " ")
 	}
 }

@@ -22,7 +22,8 @@ import (
 // an error matching errors.ErrUnsupported (as locker.Inspect reports for a
 // driver without Inspector), Capabilities the zero value (the documented
 // meaning of no Capable), Ping nil (what locker.Ping does without a
-// Pinger). BlockingAcquirer is the one interface whose presence changes
+// Pinger), RefreshBatch each item's Refresh, side by side, as package
+// locker renews without it. BlockingAcquirer is the one interface whose presence changes
 // how package locker waits, so countingBlocking adds it when the wrapped
 // driver has it: two types, however many optional interfaces there are.
 type counting struct {
@@ -96,6 +97,19 @@ func (c *counting) Ping(ctx context.Context) error {
 	return nil
 }
 
+func (c *counting) RefreshBatch(ctx context.Context, items []driver.RefreshItem) []error {
+	if br, ok := c.Locker.(driver.BatchRefresher); ok {
+		return br.RefreshBatch(ctx, items)
+	}
+	errs := make([]error, len(items))
+	var wg sync.WaitGroup
+	for i, it := range items {
+		wg.Go(func() { errs[i] = c.Locker.Refresh(ctx, it.Key, it.Owner, it.TTL) })
+	}
+	wg.Wait()
+	return errs
+}
+
 type countingBlocking struct{ *counting }
 
 func (c countingBlocking) AcquireWait(ctx context.Context, key, owner string, ttl time.Duration) (uint64, error) {
@@ -122,6 +136,7 @@ var (
 		driver.Inspector
 		driver.Capable
 		driver.Pinger
+		driver.BatchRefresher
 	} = (*counting)(nil)
 	_ driver.BlockingAcquirer = countingBlocking{}
 )

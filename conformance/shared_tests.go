@@ -58,9 +58,21 @@ func (s *suite) sgrant(t *testing.T, d driver.SharedLocker, key string, r driver
 // mustRefuse checks that r is refused now with ErrNotAcquired.
 func (s *suite) mustRefuse(t *testing.T, d driver.SharedLocker, key string, r driver.SharedRequest, why string) {
 	t.Helper()
+	s.mustRefuseUntil(t, d, key, r, why, time.Time{})
+}
+
+// mustRefuseUntil is mustRefuse for a refusal owed only until until (zero:
+// always): a grant whose reply came back at or after until may have been
+// made after the hold in the way ended, so it is released and accepted.
+func (s *suite) mustRefuseUntil(t *testing.T, d driver.SharedLocker, key string, r driver.SharedRequest, why string, until time.Time) {
+	t.Helper()
 	_, err := d.AcquireShared(s.callCtx(t), key, r)
+	back := time.Now()
 	if err == nil {
 		_ = d.ReleaseShared(s.callCtx(t), key, r.Mode, r.Owner)
+		if !until.IsZero() && !back.Before(until) {
+			return
+		}
 		t.Fatalf("%s: %v by a new owner was granted", why, r.Mode)
 	}
 	wantErr(t, why, err, driver.ErrNotAcquired)
@@ -138,14 +150,20 @@ func (s *suite) sharedLeases(t *testing.T) {
 	if err := a.ReleaseShared(s.callCtx(t), key, driver.SharedPermit, gone); err != nil {
 		t.Fatal(err)
 	}
-	if hs := s.holders(t, b, key, driver.SharedPermit); len(hs) != 2 {
+	// The short lease may have ended by now on a slow machine: then only
+	// the long one is left.
+	hs := s.holders(t, b, key, driver.SharedPermit)
+	if ended := !time.Now().Before(s.earliest(g)); len(hs) != 2 && (!ended || len(hs) != 1 || hs[0].Owner != keep) {
 		t.Fatalf("after one release, %d holders are listed, want the other 2", len(hs))
 	}
 	if time.Now().Before(s.earliest(g)) {
-		s.mustRefuse(t, b, key, req(driver.SharedPermit, newOwner(), long, 2), "a permit of 2 before the short lease ran out")
+		s.mustRefuseUntil(t, b, key, req(driver.SharedPermit, newOwner(), long, 2), "a permit of 2 before the short lease ran out", s.earliest(g))
 	}
 	time.Sleep(time.Until(s.latest(g)))
 	s.sgrant(t, b, key, req(driver.SharedPermit, newOwner(), long, 2)) // the short lease's permit came back
+	if s.caps.LockerBound {
+		b = a // the owner's own calls go through the Locker that holds
+	}
 	if err := b.RefreshShared(s.callCtx(t), key, driver.SharedPermit, keep, long); err != nil {
 		t.Fatalf("the long lease was lost with the short one: %v", err)
 	}
@@ -166,6 +184,9 @@ func (s *suite) sharedOwnership(t *testing.T) {
 	hs := s.holders(t, b, key, driver.SharedRead)
 	if len(hs) != 1 || hs[0].Owner != o || hs[0].Mode != driver.SharedRead {
 		t.Fatalf("after others' refresh and release: holders %+v, want the reader", hs)
+	}
+	if s.caps.LockerBound {
+		b = a // the owner's own calls go through the Locker that holds
 	}
 	if err := b.ReleaseShared(s.callCtx(t), key, driver.SharedRead, o); err != nil {
 		t.Fatalf("ReleaseShared by the owner through another Locker: %v", err)
@@ -269,9 +290,13 @@ func (s *suite) sharedWriterPreference(t *testing.T) {
 }
 
 // Idempotent acquire by the same owner; no upgrades or downgrades, refused
-// at once even by a waiting request.
+// at once even by a waiting request. On a LockerBound driver the same
+// owner's calls go through the Locker that holds.
 func (s *suite) sharedIdempotent(t *testing.T) {
 	a, b := s.openShared(t), s.openShared(t)
+	if s.caps.LockerBound {
+		b = a
+	}
 	key, ttl := newKey(t), ttlFor(s.open(t), s.hold())
 	for _, mode := range []driver.SharedMode{driver.SharedPermit, driver.SharedRead, driver.SharedWrite} {
 		k, o := key+"/"+mode.String(), newOwner()

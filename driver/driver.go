@@ -8,10 +8,12 @@
 //
 // Optional behaviour is discovered by type assertion on the Locker, as
 // database/sql does: Waiter and BlockingAcquirer make waits event-driven,
-// HoldWatcher reports a lock the server ended early, Inspector reports the
-// current holder, Capable describes TTL limits, the deadline margin and token
-// durability, Pinger checks connectivity, and SharedLocker offers semaphores
-// and read-write locks (shared holds, each with its own lease and token).
+// HoldWatcher reports a lock the server ended early, ChangeWatcher reports
+// that a key's holder may have changed, Inspector reports the current
+// holder, Capable describes TTL limits, the deadline margin and token
+// durability, Pinger checks connectivity, BatchRefresher refreshes many
+// locks in one request, and SharedLocker offers semaphores and read-write
+// locks (shared holds, each with its own lease and token).
 //
 // Errors: a Locker returns ErrNotAcquired, ErrNotHeld, ErrClosed, ErrInvalid
 // and ErrUnavailable (possibly wrapped) for the conditions they name; every
@@ -188,6 +190,32 @@ type HoldWatcher interface {
 	WatchHold(key, owner string, token uint64, lost func(error)) (stop func(), err error)
 }
 
+// ChangeWatcher is implemented by a Locker that can tell, without being
+// asked, when the holder of a key may have changed: an etcd watch, Redis
+// client-side-caching invalidations, PostgreSQL LISTEN. Package locker's
+// Election.Observe uses it, so that an observer sees a new leader within a
+// round trip of the grant instead of at its next read. A Waiter is not
+// enough for that: it reports only that a key may have become free, never
+// a grant, and may wake only the waiter whose turn it is.
+type ChangeWatcher interface {
+	// WatchChanges starts watching key. From the moment it returns,
+	// changed is called each time the holder of key may have changed: a
+	// grant to an owner that did not hold key (a takeover of an expired
+	// lock included), a release, a deletion. An expiry with no other
+	// change need not be reported (package locker reads the holder again
+	// when its remaining TTL runs out); a refresh or an idempotent Acquire
+	// need not be either. Spurious calls are allowed; missed ones are not,
+	// except across a lost connection, after which the driver calls
+	// changed once it is re-established. changed is called from any
+	// goroutine, never concurrently with itself; it must return at once
+	// and must not call the Locker. stop ends the watch, may be called
+	// more than once, and must not wait for changed to return (changed
+	// may still be called once after stop). A non-nil error means key is
+	// not watched (for example errors.ErrUnsupported where the deployment
+	// cannot notify); package locker then relies on reads.
+	WatchChanges(ctx context.Context, key string, changed func()) (stop func(), err error)
+}
+
 // BlockingAcquirer is implemented by a Locker whose server can queue the
 // waiters itself (PostgreSQL's lock manager, an etcd queue of waiters).
 type BlockingAcquirer interface {
@@ -244,6 +272,18 @@ type Capabilities struct {
 	// re-acquire it (PostgreSQL advisory locks). Package locker's WithOwner
 	// hand-over does not work on such a backend.
 	LockerBound bool
+	// MaxOwner is the longest owner, in bytes, that the backend keeps and
+	// Inspect reports back exactly as it was given. Zero means no limit
+	// (package locker's own owners are at most 256 bytes). A driver may
+	// accept longer owners, compared exactly, that Inspect shows in another
+	// form (PostgreSQL advisory mode: a hash), or refuse them with
+	// ErrInvalid. Package locker refuses, with ErrInvalid and before any
+	// I/O, an election value whose owner would exceed it.
+	MaxOwner int
+	// OwnerASCII reports that Inspect reports an owner back exactly only
+	// if every byte of it is printable ASCII (0x20 to 0x7e), as MaxOwner
+	// for the length. False means any bytes.
+	OwnerASCII bool
 }
 
 // Default deadline margin: a 1% clock-rate difference plus 2ms of rounding.

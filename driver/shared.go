@@ -165,3 +165,14 @@ type SharedLocker interface {
 	// lock is an empty list and no error. It changes nothing.
 	InspectShared(ctx context.Context, key string, mode SharedMode) ([]SharedInfo, error)
 }
+
+// SharedRefuser is implemented by a driver whose type has the SharedLocker
+// methods but whose configuration may refuse shared holds (the Redis
+// drivers under Redlock). SharedUnsupported makes no I/O: it returns nil
+// when shared holds work, or else the error every SharedLocker call returns
+// before any I/O, one matching errors.ErrUnsupported that names the driver
+// and the reason. Package locker and the conformance suite treat a driver
+// whose SharedUnsupported returns an error as one without SharedLocker.
+type SharedRefuser interface {
+	SharedUnsupported() error
+}

@@ -44,8 +44,9 @@
 //	--limit N        let at most N runs hold KEY at once: take one of the N
 //	                 permits of the semaphore KEY (a lock apart from the
 //	                 mutex KEY) instead of the lock; N from 1 to 1024, else
-//	                 exit 125 before any I/O. Only the mem driver has
-//	                 semaphores for now; the others exit 125 saying so
+//	                 exit 125 before any I/O. Every driver has semaphores
+//	                 except Redis Redlock, where --limit exits 125
+//	                 saying so
 //	-v               say what locker is doing, on stderr
 //
 // The command is looked up before the lock is taken, so a typo never holds

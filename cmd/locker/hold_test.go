@@ -24,7 +24,7 @@ var quickExit = []string{"GORACE=atexit_sleep_ms=0"}
 
 func holdBackends(t *testing.T) map[string]func(t *testing.T) string {
 	return map[string]func(t *testing.T) string{
-		"file":  fileURL,
+		"file":  func(t *testing.T) string { return fileURL(t) },
 		"redis": func(t *testing.T) string { return redistest.Start(t).URL() },
 	}
 }
@@ -59,10 +59,14 @@ func TestRunMaxHold(t *testing.T) {
 
 			term := termAt(t, a.expect(t, "term "))
 			died := awaitDeath(t, death, "the grandchild")
+			// b's log of its grant, not its command's first output: a
+			// race-enabled child can take most of a second to start on
+			// this loaded machine.
+			waitStderr(t, b, "acquired ")
+			granted := mono() // after b's grant
 			if got := b.expect(t, "alive", "dead"); got != "dead" {
 				t.Fatalf("the second run started its command while the first run's grandchild was %s", got)
 			}
-			granted := mono() // after b's grant
 			drain(a)
 			if code := a.wait(t); code != exitLost {
 				t.Fatalf("first run: code %d, want %d; stderr %s", code, exitLost, a.stderr.String())
@@ -74,7 +78,7 @@ func TestRunMaxHold(t *testing.T) {
 				t.Errorf("first run's stderr does not name --max-hold: %s", a.stderr.String())
 			}
 			earliest, latest := spawned+maxHold, ready+maxHold // the bound is between
-			t.Logf("bound in [%v, %v] after spawn; SIGTERM %v, death %v, second grant seen %v after spawn",
+			t.Logf("bound in [%v, %v] after spawn; SIGTERM %v, death %v, second grant logged %v after spawn",
 				earliest-spawned, latest-spawned, term-spawned, died-spawned, granted-spawned)
 			if term < earliest-grace || term > latest-grace+holdSlack {
 				t.Errorf("SIGTERM %v after spawn, want --grace %v before the bound, in [%v, %v]", term-spawned, grace, earliest-spawned, latest-spawned)
@@ -134,9 +138,10 @@ func TestRunMinHold(t *testing.T) {
 			if refused >= earliest {
 				t.Fatalf("second run took until %v after spawn, past the bound: proves nothing", refused-spawned)
 			}
-			c := start(t, nil, append([]string{"run", "--url", url, "--wait", "1m", "job", "--"}, child("exit", "0")...)...)
+			c := start(t, nil, append([]string{"run", "-v", "--url", url, "--wait", "1m", "job", "--"}, child("exit", "0")...)...)
+			waitStderr(t, c, "acquired ")
+			granted := mono() // c logged its grant (its command may start later)
 			c.expect(t, "ready")
-			granted := mono()
 			drain(c)
 			if code := c.wait(t); code != 0 {
 				t.Fatalf("third run: code %d; stderr %s", code, c.stderr.String())
@@ -150,7 +155,7 @@ func TestRunMinHold(t *testing.T) {
 					t.Errorf("first run exited %v after the latest bound", exited-latest)
 				}
 			}
-			t.Logf("first run exited %v after spawn; bound in [%v, %v]; third run granted (seen) %v after spawn",
+			t.Logf("first run exited %v after spawn; bound in [%v, %v]; third run granted (logged) %v after spawn",
 				exited-spawned, earliest-spawned, latest-spawned, granted-spawned)
 			if granted < earliest {
 				t.Errorf("third run granted %v before the earliest bound", earliest-granted)

@@ -49,8 +49,8 @@ const usageText = `usage:
 
 URL defaults to $LOCKER_URL, else file:// (lock files in a local directory).
 --limit N makes KEY a semaphore of N permits: at most N runs at once. N must be
-1 to 1024, else exit 125; only the mem driver has semaphores for now, the
-others exit 125 saying so.
+1 to 1024, else exit 125; every driver has semaphores except Redis Redlock,
+where --limit exits 125 saying so.
 Run "locker COMMAND -h" for a command's flags. Exit codes: the command's own;
 122 backend unavailable; 123 lock lost; 124 lock not acquired; 125 usage,
 configuration or other backend error; 126 command not executable; 127

@@ -275,14 +275,14 @@ func (s *syncBuffer) String() string {
 // start runs the locker command with args and env (added to the test's).
 // Its stdout is read line by line until every process holding it (locker
 // and the command) has closed it.
-func start(t *testing.T, env []string, args ...string) *proc {
+func start(t testing.TB, env []string, args ...string) *proc {
 	t.Helper()
 	return startCmd(t, exec.Command(binary, args...), env)
 }
 
 // startCmd is start with a command prepared by the caller (its stdin and
 // process attributes).
-func startCmd(t *testing.T, cmd *exec.Cmd, env []string) *proc {
+func startCmd(t testing.TB, cmd *exec.Cmd, env []string) *proc {
 	t.Helper()
 	cmd.Env = append(append(os.Environ(), "LOCKER_TEST_PARENT="+strconv.Itoa(os.Getpid())), env...)
 	p := &proc{cmd: cmd, lines: make(chan string, 1000), stderr: &syncBuffer{}, done: make(chan struct{})}
@@ -360,7 +360,7 @@ func run(t *testing.T, env []string, args ...string) (code int, stdout, stderr s
 }
 
 // wait returns the exit code.
-func (p *proc) wait(t *testing.T) int {
+func (p *proc) wait(t testing.TB) int {
 	t.Helper()
 	select {
 	case <-p.done:
@@ -373,7 +373,7 @@ func (p *proc) wait(t *testing.T) int {
 
 // expect waits for a stdout line starting with one of prefixes and returns
 // it.
-func (p *proc) expect(t *testing.T, prefixes ...string) string {
+func (p *proc) expect(t testing.TB, prefixes ...string) string {
 	t.Helper()
 	timeout := time.After(60 * time.Second)
 	for {
@@ -393,7 +393,7 @@ func (p *proc) expect(t *testing.T, prefixes ...string) string {
 	}
 }
 
-func (p *proc) signal(t *testing.T, s os.Signal) {
+func (p *proc) signal(t testing.TB, s os.Signal) {
 	t.Helper()
 	if err := p.cmd.Process.Signal(s); err != nil {
 		t.Fatal(err)
@@ -410,10 +410,10 @@ func checkOneLine(t *testing.T, stderr, want string) {
 }
 
 // fileURL returns a fresh file:// backend for one test.
-func fileURL(t *testing.T) string { return "file://" + t.TempDir() }
+func fileURL(t testing.TB) string { return "file://" + t.TempDir() }
 
 // tokenOf extracts the token from a child's ready line.
-func tokenOf(t *testing.T, ready string) uint64 {
+func tokenOf(t testing.TB, ready string) uint64 {
 	t.Helper()
 	f := strings.Fields(ready)
 	tok, err := strconv.ParseUint(strings.TrimPrefix(f[1], "token="), 10, 64)

@@ -181,7 +181,7 @@ func TestRunTakesOverCrashedHolder(t *testing.T) {
 
 // killOrphans ends the test's commands that outlived their locker (a killed
 // locker, or a group member it was not asked to wait for).
-func killOrphans(t *testing.T) {
+func killOrphans(t testing.TB) {
 	t.Helper()
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {

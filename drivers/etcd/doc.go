@@ -31,9 +31,12 @@
 // The path is the key prefix, so several applications can share a cluster:
 // "/myapp" (the default is "/locker"). It is "/" followed by segments, each
 // any non-empty bytes (keys and prefixes are opaque) other than ".", "..",
-// "l" and "w", the names of the driver's own key spaces, so no key under one
-// prefix is a key under another; a trailing "/" is ignored. A lock on key K is the etcd key prefix+"/l/"+K;
-// processes waiting for K queue under prefix+"/w/"+len(K)+":"+K+"/".
+// "l", "w", "s" and "rw", the names of the driver's own key spaces, so no
+// key under one prefix is a key under another; a trailing "/" is ignored.
+// A lock on key K is the etcd key prefix+"/l/"+K; processes waiting for K
+// queue under prefix+"/w/"+len(K)+":"+K+"/". The semaphore on K lives under
+// prefix+"/s/"+len(K)+":"+K+"/", the read-write lock on K under
+// prefix+"/rw/"+len(K)+":"+K+"/" (see Semaphores and read-write locks).
 //
 // Query parameters (any other is an error wrapping driver.ErrInvalid, as is
 // a parameter or an endpoint given twice, and tls=false with any of the TLS
@@ -72,6 +75,32 @@
 // one to release, like a raw put and delete; a refresh is one read and one
 // keepalive, and renewals travel on one long-lived keepalive stream per
 // Locker.
+//
+// Many locks. The reads of Refreshes that fall due together go to the
+// server as one linearizable read-only transaction of up to 128 gets
+// (etcd's default --max-txn-ops; fewer when the server refuses that many),
+// each Refresh getting the answer for its own key, and keepalives are
+// written to the stream by a goroutine of their own, so that a write held
+// up by gRPC flow control never stops the answers from being read. The
+// many-locks test holds 500 locks with a 3s TTL by default and 10,000 with
+// LOCKER_SCALE=1 (docs/testing.md, docs/benchmarks.md).
+//
+// Load. When the cluster's apply loop falls behind, etcd refuses writes
+// with "etcdserver: too many requests" before proposing them. Acquire and
+// Release then retry with a jittered backoff (10ms doubling to 500ms) while
+// ctx lasts, for at most request_timeout, and then fail with an error
+// wrapping driver.ErrUnavailable and ErrPushback. Renewals (reads and
+// lease keepalives, which are not proposals) are not refused this way, and
+// get priority: a Locker lets at most 16 Acquire attempts, and 16 Release
+// attempts, be in flight at once (the rest wait for a turn, bounded by
+// their context),
+// so that a flood of them cannot fill the apply queue that every renewal's
+// owner check waits behind. Load delays new acquires, not the locks
+// already held. Keepalives go out on four streams per Locker, which the
+// server serves in parallel. The server answers one stream's requests one
+// after the other, so a renewal that gives up on an answer abandons its
+// stream when the stream's oldest request has waited 300ms: later
+// renewals go out on a new stream instead of queueing behind a stalled one.
 //
 // Release deletes the key in a transaction that compares its value with the
 // owner and, when this Locker granted the lock, its create revision with the
@@ -115,6 +144,62 @@
 // A key held by someone else is driver.ErrNotAcquired,
 // never ErrUnavailable. When the caller's context ends first, the error
 // wraps ctx.Err() instead.
+//
+// # Semaphores and read-write locks
+//
+// The Locker implements driver.SharedLocker. A mutex, a semaphore and a
+// read-write lock on the same key are three locks: each lives under its own
+// key space ("/l/", "/s/", "/rw/"), and keys are length-prefixed, never
+// split on a separator. Under a shared lock's base B:
+//
+//   - each holder is one key, B+"h/"+mode+"/"+owner (mode "p" for a permit,
+//     "r" a read, "w" a write), on a lease of its own of the hold's TTL,
+//     exactly as a mutex's lock key: the same spare leases, Refresh (one
+//     read and one keepalive) and Release (a delete comparing owner and
+//     create revision). The token is the holder key's create revision, so
+//     a grant's token is above every earlier grant's, permit, read, write
+//     or mutex, and survives restarts;
+//   - each waiting request is one key under B+"q/", ordered by create
+//     revision: a FIFO queue.
+//
+// A grant is one transaction that puts the holder key only if the compares
+// on what it must respect still hold: for a read, no writer holds or waits;
+// for a write, nobody holds or waits; for a permit, nobody waits and no
+// holder key was created since the holders were counted, fewer than the
+// request's limit (the count cannot have grown; a first attempt counts
+// zero, so an uncontended permit, like a read or a write, is one
+// transaction; a permit beside other holders costs one more, to count
+// them). A refused one-shot request therefore writes nothing, and
+// the limit is per call: callers with different limits never admit more
+// holders than the largest. Owner-idempotent requests find the holder key
+// in the same transaction and renew it; a read holder asking for the write
+// lock (or the reverse) gets driver.ErrInvalid at once.
+//
+// A waiting request queues an entry on a wait lease of its own (5s, renewed
+// by the wait; the put and the first read of the lock are one
+// transaction), then watches only what it waits for: a read the latest
+// earlier writer's entry, then the writer's holder key; a permit or a write
+// the entry just before its own, then the holders. A release thus wakes the
+// waiters it can let in, not every waiter, and a waiting writer keeps the
+// reads that come after it out (writer preference; a one-shot read behind
+// it gets driver.ErrNotAcquired). A waiter is granted by a transaction that
+// also requires its own entry to exist at its create revision, and deletes
+// it. A wait that ends without a grant revokes its wait lease (retrying
+// until the cluster answers); nothing renews that lease any more, so the
+// entry dies with it in any case, and a wait cancelled while the cluster is
+// down cannot block the lock for good.
+//
+// Why not etcd's RWMutex recipe (client/v3/experimental/recipes): there a
+// waiter takes the lock as soon as the key it watches is deleted, without
+// checking that its own key still exists, so a waiter whose session lease
+// expired while it waited believed it held the lock beside the next one
+// (etcd #16221: two writers in). Here the wake-up only triggers a re-read;
+// the grant is the transaction alone, on the waiter's live entry and the
+// holders as they are, so an expired waiter queues again and is never told
+// it holds anything. etcd has no semaphore (etcd #12490).
+//
+// A crashed holder's permit comes back when etcd deletes its key with its
+// lease (see Limits). Costs and latencies, measured: docs/backends/etcd.md.
 //
 // # TTLs
 //

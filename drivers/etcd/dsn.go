@@ -174,9 +174,9 @@ func readTLS(q *dsn.Query) (tlsParams, error) {
 // or "/" mean DefaultPrefix; otherwise "/seg[/seg…]" (a missing leading "/"
 // is added, a trailing "/" dropped). A segment is any non-empty bytes
 // (spaces, colons, newlines and non-UTF-8 included) other than "." and
-// "..", and other than "l" and "w", the names of the driver's own key
-// spaces under a prefix: since no prefix has those segments, no key under
-// one prefix is a key under another.
+// "..", and other than "l", "w", "s" and "rw", the names of the driver's
+// own key spaces under a prefix: since no prefix has those segments, no
+// key under one prefix is a key under another.
 func cleanPrefix(p string) (string, error) {
 	if p == "" || p == "/" {
 		return DefaultPrefix, nil
@@ -189,7 +189,7 @@ func cleanPrefix(p string) (string, error) {
 		switch seg {
 		case "", ".", "..":
 			return "", invalid("key prefix %q has an empty, \".\" or \"..\" segment", p)
-		case "l", "w":
+		case "l", "w", "s", "rw":
 			return "", invalid("key prefix %q has a segment %q, which the driver reserves for its keys", p, seg)
 		}
 	}

@@ -74,6 +74,8 @@ func TestParseDSNInvalid(t *testing.T) {
 		"etcd://h:1/a/l/b",
 		"etcd://h:1/w",
 		"etcd://h:1/l/",
+		"etcd://h:1/a/s",
+		"etcd://h:1/rw/b",
 		"etcd://h:1,h:1",
 		"etcd://h:1?tls=false&ca_file=/x",
 		"etcd://h:1?insecure_skip_verify=true&tls=false",

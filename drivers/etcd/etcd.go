@@ -167,8 +167,8 @@ func New(ctx context.Context, c *clientv3.Client, opts *Options) (*Locker, error
 }
 
 // Locker is the etcd driver.Locker. It also implements driver.Waiter,
-// driver.HoldWatcher, driver.Inspector, driver.Capable and driver.Pinger. It is safe for
-// concurrent use.
+// driver.HoldWatcher, driver.Inspector, driver.Capable, driver.Pinger and
+// driver.SharedLocker. It is safe for concurrent use.
 type Locker struct {
 	c              *clientv3.Client
 	ownsClient     bool
@@ -192,12 +192,17 @@ type Locker struct {
 	sessDone chan struct{} // closed when the session's keepalive ends
 	seq      atomic.Uint64 // numbers queue entries
 
-	ka keepalives
+	ka [kaStreams]keepalives
+	oc ownerChecks
+	// turns of Acquire and of Release attempts (see maxWrites)
+	acquireTurns, releaseTurns chan struct{}
 
 	// Own releases, told apart from other deletes by the hold watches
 	// (guarded by mu; see ownRelease).
 	watched  map[string]int         // lock key → hold watches on it
 	releases map[string]*releaseLog // lock key → releases, while watched
+
+	ttls leaseTTLs // lease reads started by change watches (changes.go)
 }
 
 func newLocker(c *clientv3.Client, owns bool, prefix string, minTTL, rt time.Duration) *Locker {
@@ -214,6 +219,8 @@ func newLocker(c *clientv3.Client, owns bool, prefix string, minTTL, rt time.Dur
 		watched:        make(map[string]int),
 		releases:       make(map[string]*releaseLog),
 		spare:          make(map[int64][]lease),
+		acquireTurns:   make(chan struct{}, maxWrites),
+		releaseTurns:   make(chan struct{}, maxWrites),
 	}
 }
 
@@ -232,7 +239,7 @@ func (l *Locker) LockKey(key string) string { return l.prefix + "/l/" + key }
 // tokens (revisions survive restarts; only a cluster rebuilt from empty data
 // starts them over).
 func (l *Locker) Capabilities() driver.Capabilities {
-	return driver.Capabilities{MinTTL: l.minTTL, TTLGranularity: time.Second, DurableTokens: true}
+	return driver.Capabilities{MinTTL: l.minTTL, TTLGranularity: time.Second, DurableTokens: true, MaxOwner: MaxOwnerLen}
 }
 
 // Ping makes one linearizable read, so it fails when the cluster has no

@@ -99,23 +99,31 @@ func (l *Locker) revokeNow(id clientv3.LeaseID) {
 
 // revokeCutGrant revokes the lease of a grant cut short by its context. The
 // server may still be handling that grant, and apply it after a first
-// revoke (which then finds no lease): revoke again a little later.
+// revoke (which then finds no lease): revoke again after each of
+// cutGrantDelays, so that a grant a loaded server applies late is still
+// revoked. Close ends the later revokes (it revokes the spares itself).
 func (l *Locker) revokeCutGrant(id clientv3.LeaseID) {
 	l.revokeNow(id)
 	l.goBG(func(ctx context.Context) {
-		t := time.NewTimer(cutGrantDelay)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return
+		for _, d := range cutGrantDelays {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-l.base.Done():
+				t.Stop()
+				return
+			}
+			_, _ = l.c.Revoke(ctx, id)
 		}
-		_, _ = l.c.Revoke(ctx, id)
 	})
 }
 
-// cutGrantDelay is how long after a cut-short grant it is revoked again.
-const cutGrantDelay = 500 * time.Millisecond
+// cutGrantDelays are the pauses before each later revoke of a cut-short
+// grant: 0.5s and 1.5s after it, within bgTimeout.
+var cutGrantDelays = []time.Duration{500 * time.Millisecond, time.Second}
 
 // revokeNowTimeout bounds the synchronous part of revokeNow.
 const revokeNowTimeout = 250 * time.Millisecond
@@ -185,9 +193,9 @@ func (l *Locker) freshLease(ctx context.Context, secs int64) (le *lease, wait fu
 	if sp, ok := l.takeSpare(secs); ok {
 		le = &sp
 		sent := time.Now()
-		ch := l.sendRenew(le.id)
+		p := l.sendRenew(le.id)
 		return le, func() error {
-			ttl, err := awaitRenew(ctx, ch)
+			ttl, err := awaitRenew(ctx, p)
 			if errors.Is(err, errStreamEnded) && ctx.Err() == nil {
 				sent = time.Now()
 				ttl, err = l.renew(ctx, le.id)

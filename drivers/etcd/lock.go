@@ -67,9 +67,11 @@ func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 	if err != nil {
 		return 0, err
 	}
-	cctx, cancel := l.opCtx(ctx)
-	defer cancel()
-	token, err := l.acquire(cctx, l.LockKey(key), owner, secs)
+	var token uint64
+	err = l.withPushback(ctx, l.acquireTurns, func(cctx context.Context) (err error) {
+		token, err = l.acquire(cctx, l.LockKey(key), owner, secs)
+		return err
+	})
 	if err != nil {
 		return 0, l.fail(ctx, "acquire", key, err)
 	}
@@ -105,6 +107,11 @@ func (l *Locker) tryAcquire(ctx context.Context, k, owner string, secs int64) (t
 		Else(clientv3.OpGet(k)).
 		Commit()
 	kaErr := wait()
+	if err != nil && tooManyRequests(err) && kaErr == nil {
+		// Refused before it was proposed: the lease holds nothing.
+		l.putSpare(*le)
+		return 0, false, err
+	}
 	if err != nil {
 		// Whether or not the put happened, the key lives only as long
 		// as the lease: revoking it leaves nothing behind.
@@ -221,15 +228,17 @@ func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 }
 
 func (l *Locker) refresh(ctx context.Context, k, owner string, secs int64) error {
-	r, err := l.c.Get(ctx, k)
+	if done, err := l.refreshKnown(ctx, k, owner, secs); done {
+		return err
+	}
+	kv, err := l.readKey(ctx, k)
 	if err != nil {
 		return err
 	}
-	if len(r.Kvs) == 0 || string(r.Kvs[0].Value) != owner {
+	if kv == nil || string(kv.Value) != owner {
 		l.forget(k, 0)
 		return driver.ErrNotHeld
 	}
-	kv := r.Kvs[0]
 	cur := lease{id: clientv3.LeaseID(kv.Lease), secs: secs}
 	if h, ok := l.lookup(k); ok && h.rev == kv.CreateRevision && h.lease.id == cur.id {
 		cur = h.lease
@@ -268,6 +277,42 @@ func (l *Locker) refresh(ctx context.Context, k, owner string, secs int64) error
 	return nil
 }
 
+// refreshKnown is Refresh of a lock this Locker granted to owner with a
+// lease of secs: the lease is known, so its keepalive goes out together
+// with the owner check instead of after it, which halves a renewal's
+// latency on a loaded cluster. done is false when the answers leave
+// anything in doubt (another incarnation, a moved lease, a broken
+// stream); refresh then takes the longer path.
+func (l *Locker) refreshKnown(ctx context.Context, k, owner string, secs int64) (done bool, err error) {
+	h, ok := l.lookup(k)
+	if !ok || h.owner != owner || h.lease.secs != secs {
+		return false, nil
+	}
+	sent := time.Now()
+	p := l.sendRenew(h.lease.id)
+	kv, err := l.readKey(ctx, k)
+	ttl, kaErr := awaitRenew(ctx, p)
+	switch {
+	case err != nil:
+		return true, err
+	case kv == nil || string(kv.Value) != owner:
+		l.forget(k, 0)
+		return true, driver.ErrNotHeld
+	case kv.CreateRevision != h.rev || clientv3.LeaseID(kv.Lease) != h.lease.id:
+		return false, nil
+	case isLeaseNotFound(kaErr):
+		l.forget(k, h.rev)
+		return true, driver.ErrNotHeld
+	case kaErr != nil && ctx.Err() != nil:
+		return true, kaErr
+	case kaErr != nil || ttl != secs:
+		return false, nil
+	}
+	h.lease.expires = sent.Add(time.Duration(secs) * time.Second)
+	l.remember(k, h)
+	return true, nil
+}
+
 // Release deletes key if owner holds it, in one transaction. When this
 // Locker granted the lock, the transaction compares the key's create
 // revision with the token it granted as well as its value with owner, so a
@@ -282,9 +327,8 @@ func (l *Locker) Release(ctx context.Context, key, owner string) error {
 	if err := l.check("release", key, owner); err != nil {
 		return err
 	}
-	cctx, cancel := l.opCtx(ctx)
-	defer cancel()
-	if err := l.release(cctx, l.LockKey(key), owner); err != nil {
+	k := l.LockKey(key)
+	if err := l.withPushback(ctx, l.releaseTurns, func(cctx context.Context) error { return l.release(cctx, k, owner) }); err != nil {
 		return l.fail(ctx, "release", key, err)
 	}
 	return nil
@@ -337,7 +381,10 @@ func (l *Locker) release(ctx context.Context, k, owner string) (err error) {
 // so Remaining is a whole number of seconds, or 1ms when less than a second
 // is left or the lease has expired and the server is about to delete the
 // key. It makes two requests (a read and a lease TimeToLive) and changes
-// nothing.
+// nothing; where a change watch of this Locker (WatchChanges) reported the
+// grant it finds less than 100ms earlier, it takes the TimeToLive the
+// watch started then instead of making its own, so Remaining may be that
+// much older.
 //
 // Errors: driver.ErrNotHeld if key is free; driver.ErrInvalid for a bad
 // key; driver.ErrClosed and ctx.Err() as for Acquire.
@@ -360,10 +407,14 @@ func (l *Locker) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	if kv.Lease == 0 {
 		return info, nil // not written by this driver: no expiry
 	}
-	t, err := l.c.TimeToLive(cctx, clientv3.LeaseID(kv.Lease))
-	if err != nil {
-		return driver.Info{}, l.fail(ctx, "inspect", key, err)
+	secs, ok := l.takeTTL(cctx, clientv3.LeaseID(kv.Lease))
+	if !ok {
+		t, err := l.c.TimeToLive(cctx, clientv3.LeaseID(kv.Lease))
+		if err != nil {
+			return driver.Info{}, l.fail(ctx, "inspect", key, err)
+		}
+		secs = t.TTL
 	}
-	info.Remaining = max(time.Duration(t.TTL)*time.Second, time.Millisecond)
+	info.Remaining = max(time.Duration(secs)*time.Second, time.Millisecond)
 	return info, nil
 }

@@ -265,12 +265,8 @@ func (s *sub) loop(wctx context.Context, w *watching) {
 				return
 			}
 			s.send()
-			t := time.NewTimer(backoff)
-			select {
-			case <-wctx.Done():
-				t.Stop()
+			if !sleepCtx(wctx, backoff) {
 				return
-			case <-t.C:
 			}
 			backoff = min(2*backoff, time.Second)
 		}
@@ -280,9 +276,14 @@ func (s *sub) loop(wctx context.Context, w *watching) {
 // watch starts a watch for deletions of k from revision rev, living in
 // wctx, and waits, within ctx, for the server to confirm it. stop ends it.
 func (l *Locker) watch(ctx, wctx context.Context, k string, rev int64) (wch clientv3.WatchChan, stop func(), err error) {
+	return l.startWatch(ctx, wctx, k, clientv3.WithRev(rev), clientv3.WithFilterPut())
+}
+
+// startWatch starts a watch of k with opts, living in wctx, and waits,
+// within ctx, for the server to confirm it. stop ends it.
+func (l *Locker) startWatch(ctx, wctx context.Context, k string, opts ...clientv3.OpOption) (wch clientv3.WatchChan, stop func(), err error) {
 	actx, stop := context.WithCancel(wctx)
-	wch = l.c.Watch(clientv3.WithRequireLeader(actx), k,
-		clientv3.WithRev(rev), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	wch = l.c.Watch(clientv3.WithRequireLeader(actx), k, append(opts, clientv3.WithCreatedNotify())...)
 	select {
 	case r, ok := <-wch:
 		switch {
@@ -319,4 +320,16 @@ func (l *Locker) dropSession(id clientv3.LeaseID) {
 // deleteBG deletes k in the background (Close waits for it).
 func (l *Locker) deleteBG(k string) {
 	l.goBG(func(ctx context.Context) { _, _ = l.c.Delete(ctx, k) })
+}
+
+// sleepCtx waits d; it reports false, at once, if ctx ends first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

@@ -72,7 +72,8 @@
 // They look like timestamps.
 //
 // Waiting needs no polling: Subscribe (driver.Waiter) watches the directory
-// with inotify(7), so a release wakes waiters in every process at once, and
+// with inotify(7), so a release wakes a mutex's waiters in every process at
+// once (every waiter: they then race for the key, unqueued), and
 // keeps a timer at the current lease's expiry for a holder that died. One
 // inotify instance serves all subscriptions of a process on a directory; if
 // inotify cannot be had, subscriptions re-read the lock file every 50ms.
@@ -83,6 +84,10 @@
 // at once. Every alarm is confirmed by re-reading the record under its
 // flock, and the holder's own refreshes and release raise none.
 // Without inotify, grants are not watched and renewal finds the loss.
+//
+// It also serves WatchChanges (driver.ChangeWatcher), so that an election's
+// observers (Election.Observe) hear each grant and release by any process
+// at once; without inotify they are told every 50ms.
 //
 // # Semaphores and read-write locks
 //
@@ -107,21 +112,33 @@
 // queue from its head for as long as the head fits: a run of readers, one
 // writer, or permits while they last. So a waiting writer blocks the reads
 // that come after it, and is granted once the holds in force at its
-// arrival end; waiters are served in arrival order. A waiter learns of its
-// grant from the inotify event of that write, and of a holder's expiry from
-// a timer at it, and then re-reads the file, settling it itself if nobody
-// has; without either it re-reads every 250ms (every 50ms without
-// inotify), checking that the waiter at the head of the queue is alive. Every write to the file wakes every waiter on that lock in
-// every process to re-read it under a shared flock; only those granted
-// return, and the others wait on without writing.
+// arrival end; waiters are served in arrival order.
+//
+// A release wakes only the waiters it concerns, not every waiter: nobody
+// watches the lock's file itself. The write that grants a waiter, or that
+// makes one the head of the queue, writes a byte to that waiter's own
+// waiter file once the record is written, and inotify reports it to that
+// waiter alone, which then reads the record under a shared flock. The
+// waiter at the head also keeps a timer at the first holder's expiry
+// (which changes no file) and settles the file itself when it fires.
+// Every other waiter watches only the waiter file of the live entry ahead
+// of it, for its closing: a waiting process closes its waiter file when
+// its wait ends, however it ends. So the flock attempts per grant do not
+// grow with the number of waiters (see docs/benchmarks.md). Without
+// inotify every waiter re-reads the file every 50ms; with it, a waiter
+// that heard nothing for a second re-reads it anyway.
 //
 // A waiting request holds an exclusive flock on a waiter file of its own,
-// <lock file>.<id>.wait, named in its queue entry. A process that dies
-// while waiting releases that flock, and the next settle finds the entry
-// dead and drops it, so a dead waiter does not block the queue, and in
-// particular a dead waiting writer does not shut out readers. A wait whose
-// context ends removes its entry, or undoes its grant if one was made
-// meanwhile.
+// <lock file>.<id>.wait, named in its queue entry and opened read-only. A
+// process that dies while waiting releases that flock and closes the file;
+// the waiter behind it hears of the closing, finds the flock free, and
+// settles the record if the dead entry is at the head (which drops it), or
+// else watches the entry ahead of the dead one. Any settle drops a dead
+// entry that reaches the head. So a dead waiter does not block the queue,
+// and in particular a dead waiting writer does not shut out readers. A
+// wait whose context ends removes its entry and its waiter file, or undoes
+// its grant if one was made meanwhile, and wakes the waiter that was
+// behind it.
 //
 // Why not flock(2) LOCK_SH and LOCK_EX, or n slot files: a flock lasts as
 // long as its process, where a hold must be a lease that ends after its TTL
@@ -142,7 +159,8 @@
 //     (under 300 bytes plus the key), so that the next token can be floored
 //     by it; so do the files of semaphores and read-write locks, and the
 //     token counter file. A waiter file of a process that died while
-//     waiting stays until the next operation on its lock. Remove the files of keys no
+//     waiting stays until the waiter behind it, or a settle that reaches
+//     it, finds it dead. Remove the files of keys no
 //     longer used only while no process uses them.
 //   - The record format changed (version 2: monotonic expiry and boot id).
 //     Version 1 records are still read and honoured on the wall clock until

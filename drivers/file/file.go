@@ -172,7 +172,7 @@ func (l *Locker) Path(key string) string { return filepath.Join(l.dir, fileName(
 // of the directory's contents (they are floored at the wall clock in
 // microseconds).
 func (l *Locker) Capabilities() driver.Capabilities {
-	return driver.Capabilities{DurableTokens: true}
+	return driver.Capabilities{DurableTokens: true, MaxOwner: MaxOwnerLen}
 }
 
 func (l *Locker) check(ctx context.Context, key, owner string, ttl time.Duration, needTTL bool) error {

@@ -26,8 +26,11 @@ type sharedFile struct {
 	name  string // file name in l.dir
 	rec   sharedRec
 	buf   []byte
-	fresh bool // the file was empty when opened
-	dirty bool // rec was changed and is written by finish
+	fresh bool     // the file was empty when opened
+	dirty bool     // rec was changed and is written by finish
+	head  string   // the id of the waiter at the head of the queue when opened
+	self  string   // the id of the waiter making this call, if one is
+	wake  []wakeUp // the waiters to wake once the record is written
 }
 
 func checkShared(mode driver.SharedMode) error {
@@ -79,20 +82,30 @@ func (l *Locker) openShared(ctx context.Context, key string, rw bool, how int, c
 		unix.Close(fd)
 		return nil, fmt.Errorf("file: key %q collides with key %q in %s", key, f.rec.key, name)
 	}
+	if len(f.rec.queue) > 0 {
+		f.head = f.rec.queue[0].id
+	}
 	return f, nil
 }
 
 // finish writes the record if it changed, and closes the file. A file
-// created for an operation that wrote nothing is removed.
+// created for an operation that wrote nothing is removed. Once the file is
+// closed, it wakes the waiters the write concerns: those it granted, and a
+// new head of the queue (see wakeWaiters).
 func (f *sharedFile) finish() error {
-	defer unix.Close(f.fd)
 	if !f.dirty {
 		if f.fresh {
 			_ = unix.Unlink(f.l.dir + "/" + f.name)
 		}
+		unix.Close(f.fd)
 		return nil
 	}
-	return writeShared(f.fd, &f.rec, f.buf)
+	err := writeShared(f.fd, &f.rec, f.buf)
+	unix.Close(f.fd)
+	if err == nil {
+		f.wakeWaiters()
+	}
+	return err
 }
 
 // settle drops the expired holders and the dead waiters at the head of the
@@ -110,12 +123,15 @@ func (f *sharedFile) settle(ctx context.Context, at instant) error {
 			if f.rec.holders[i].mode == e.mode {
 				f.rec.holders[i].expires = at.mono + int64(e.ttl)
 			}
+			f.wake = append(f.wake, wakeUp{id: e.id})
 		} else if !f.l.waiterAlive(f.name, e.id) {
 			// Its process died while waiting.
 		} else if f.rec.fits(e.mode, e.limit) {
-			if _, err := f.grant(ctx, e.owner, e.mode, e.ttl, e.id, at); err != nil {
+			tok, err := f.grant(ctx, e.owner, e.mode, e.ttl, e.id, at)
+			if err != nil {
 				return err
 			}
+			f.wake = append(f.wake, wakeUp{id: e.id, token: tok})
 		} else {
 			return nil
 		}
@@ -207,8 +223,11 @@ func (f *sharedFile) acquire(ctx context.Context, key string, req driver.SharedR
 	if err != nil {
 		return 0, nil, err
 	}
+	f.self = w.id
 	f.enqueue(w, req)
-	w.next = f.rec.nextExpiry(at)
+	if w.track(f.l, &f.rec, len(f.rec.queue)-1, at, false) {
+		signal(w.sub.poke) // the entry ahead died: settle at once
+	}
 	return 0, w, nil
 }
 

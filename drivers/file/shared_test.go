@@ -6,26 +6,23 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/opaquetest"
+	"github.com/go-locker/locker/internal/sharedtest"
 )
 
-func srq(mode driver.SharedMode, owner string, ttl time.Duration, n int, wait bool) driver.SharedRequest {
-	return driver.SharedRequest{Mode: mode, Owner: owner, TTL: ttl, Limit: n, Wait: wait}
-}
+var srq = sharedtest.Req
 
 // sharedHelper runs in a helper process (see helperMain): "permit" takes a
 // permit of a semaphore of 2 on key arg through package locker, renewed,
 // says "permit" and waits to be killed; "waitwrite" waits for the write
-// lock of key arg until killed.
+// lock of key arg, "waitpermit" for a permit of a semaphore of 1 on it,
+// until killed.
 func sharedHelper(l *Locker, mode, key string) int {
 	ctx := context.Background()
 	switch mode {
@@ -38,6 +35,10 @@ func sharedHelper(l *Locker, mode, key string) int {
 		fmt.Println("permit")
 		<-lk.Lost()
 		fmt.Fprintln(os.Stderr, "lost:", lk.Err())
+		return 1
+	case "waitpermit":
+		_, err := l.AcquireShared(ctx, key, srq(driver.SharedPermit, "child", time.Minute, 1, true))
+		fmt.Fprintln(os.Stderr, "granted:", err)
 		return 1
 	case "waitwrite":
 		_, err := l.AcquireShared(ctx, key, srq(driver.SharedWrite, "child", time.Minute, 0, true))
@@ -87,52 +88,32 @@ func TestSharedCrash(t *testing.T) {
 	}
 	h := startHelper(t, dir, "permit", key)
 	h.expect(t, "permit")
-	granted := make(chan error, 1)
-	var at time.Time
+	granted := make(chan time.Time, 1)
 	go func() {
-		_, err := b.AcquireShared(ctx, key, srq(driver.SharedPermit, "next", time.Minute, 2, true))
-		at = time.Now()
-		granted <- err
+		if _, err := b.AcquireShared(ctx, key, srq(driver.SharedPermit, "next", time.Minute, 2, true)); err != nil {
+			t.Error(err)
+		}
+		granted <- time.Now()
 	}()
 	waitQueued(t, a, key, false, 1)
 	// The child renews: its permit outlives its TTL.
 	time.Sleep(2 * ttl)
 	select {
-	case err := <-granted:
-		t.Fatalf("the waiter was granted (%v) while the child renews its permit", err)
+	case <-granted:
+		t.Fatal("the waiter was granted while the child renews its permit")
 	default:
 	}
 	if err := h.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	_ = h.cmd.Wait()
-	t0 := time.Now()
-	hs, err := a.InspectShared(ctx, key, driver.SharedPermit)
-	t1 := time.Now()
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(hs, func(h driver.SharedInfo) bool { return h.Owner == "child" })
-	if i < 0 || len(hs) != 2 {
-		t.Fatalf("holders after the kill: %+v, want the parent and the child", hs)
-	}
-	earliest, latest := t0.Add(hs[i].Remaining), t1.Add(hs[i].Remaining)
-	if err := <-granted; err != nil {
-		t.Fatal(err)
-	}
-	if at.Before(earliest) || at.After(latest.Add(100*time.Millisecond)) {
-		t.Fatalf("the dead child's permit came back %v after its lease ended, want within [0, 100ms]", at.Sub(earliest))
-	}
-	t.Logf("the permit came back %v after the dead child's lease ended", at.Sub(earliest))
-	if err := a.RefreshShared(ctx, key, driver.SharedPermit, "parent", time.Minute); err != nil {
-		t.Fatalf("the parent lost its permit with the child's: %v", err)
-	}
+	sharedtest.CrashReturned(t, a, key, granted)
 }
 
 // A waiting writer whose process is killed blocks readers no more: its
-// entry is dropped at the next settle, by the reader queued behind it
-// within sharedFallback when nothing else happens, and its waiter file is
-// removed.
+// entry is dropped at the next settle, made by the reader queued behind
+// it as soon as the dead process's waiter file is closed, within 500ms
+// when nothing else happens, and its waiter file is removed.
 func TestSharedDeadWaiter(t *testing.T) {
 	dir := t.TempDir()
 	a := open(t, dir)
@@ -164,8 +145,8 @@ func TestSharedDeadWaiter(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("the reader behind the dead writer was granted %v after the kill", time.Since(killed))
-	case <-time.After(3 * sharedFallback):
-		t.Fatalf("the reader behind the dead writer was not granted within %v", 3*sharedFallback)
+	case <-time.After(500 * time.Millisecond):
+		t.Fatal("the reader behind the dead writer was not granted within 500ms")
 	}
 	if _, err := a.AcquireShared(ctx, key, srq(driver.SharedRead, "r1", time.Minute, 0, false)); err != nil {
 		t.Fatalf("a read after the waiting writer died: %v", err)
@@ -186,74 +167,7 @@ func TestSharedDeadWaiter(t *testing.T) {
 // a second, and holds alone.
 func TestSharedWriterStarvation(t *testing.T) {
 	dir := t.TempDir()
-	ctx := ctxT(t)
-	const key = "catalog"
-	var reads, holding atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for i := range 8 {
-		l := open(t, dir)
-		owner := fmt.Sprint("reader", i)
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := l.AcquireShared(ctx, key, srq(driver.SharedRead, owner, time.Minute, 0, true)); err != nil {
-					errs <- err
-					return
-				}
-				holding.Add(1)
-				reads.Add(1)
-				time.Sleep(2 * time.Millisecond)
-				holding.Add(-1)
-				if err := l.ReleaseShared(ctx, key, driver.SharedRead, owner); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	defer func() {
-		close(stop)
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Error(err)
-		}
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for reads.Load() < 32 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	w := open(t, dir)
-	start := time.Now()
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := w.AcquireShared(wctx, key, srq(driver.SharedWrite, "writer", time.Minute, 0, true)); err != nil {
-		t.Fatalf("the writer, after %v of readers looping: %v", time.Since(start), err)
-	}
-	waited := time.Since(start)
-	if n := holding.Load(); n != 0 {
-		t.Errorf("%d readers hold beside the writer", n)
-	}
-	before := reads.Load()
-	if err := w.ReleaseShared(ctx, key, driver.SharedWrite, "writer"); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("the writer waited %v among 8 looping readers (%d reads before it)", waited, before)
-	if waited > time.Second {
-		t.Errorf("the writer waited %v, want within 1s", waited)
-	}
-	for reads.Load() < before+8 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if reads.Load() < before+8 {
-		t.Error("the readers did not resume after the writer's release")
-	}
+	sharedtest.WriterStarvation(t, func() driver.SharedLocker { return open(t, dir) }, time.Second)
 }
 
 // Keys and owners are opaque for shared holds too: for every name of
@@ -261,56 +175,11 @@ func TestSharedWriterStarvation(t *testing.T) {
 // owner, handed to a waiter in another Locker on release, and no two keys,
 // nor a key's semaphore and read-write lock, interfere.
 func TestSharedOpaqueKeys(t *testing.T) {
-	var ho opaquetest.Handoffs
-	defer func() { ho.Check(t) }()
 	dir := t.TempDir()
 	a, b := open(t, dir), open(t, dir)
-	ctx := ctxT(t)
-	names := opaquetest.Names
-	for i, key := range names {
-		owner, next := names[(i+1)%len(names)], names[(i+2)%len(names)]
-		for _, mode := range []driver.SharedMode{driver.SharedPermit, driver.SharedWrite} {
-			if _, err := a.AcquireShared(ctx, key, srq(mode, owner, time.Minute, 1, false)); err != nil {
-				t.Fatalf("%v of %q: %v", mode, key, err)
-			}
-			got := make(chan error, 1)
-			var at time.Time
-			go func() {
-				_, err := b.AcquireShared(ctx, key, srq(mode, next, time.Minute, 1, true))
-				at = time.Now()
-				got <- err
-			}()
-			waitQueued(t, a, key, mode.RW(), 1)
-			released := time.Now()
-			if err := a.ReleaseShared(ctx, key, mode, owner); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case err := <-got:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(opaquetest.HandoffMax):
-				t.Fatalf("%v of %q not handed over within %v", mode, key, opaquetest.HandoffMax)
-			}
-			ho = append(ho, at.Sub(released))
-		}
-	}
-	for i, key := range names {
-		next := names[(i+2)%len(names)]
-		for _, mode := range []driver.SharedMode{driver.SharedPermit, driver.SharedRead} {
-			hs, err := a.InspectShared(ctx, key, mode)
-			want := driver.SharedPermit
-			if mode.RW() {
-				want = driver.SharedWrite
-			}
-			if err != nil || len(hs) != 1 || hs[0].Owner != next || hs[0].Mode != want {
-				t.Errorf("InspectShared(%q, %v) = %+v, %v; want %q alone, %v", key, mode, hs, err, next, want)
-			}
-		}
-	}
-	if n := len(entries(t, dir)); n != 2*len(names) {
-		t.Errorf("%d files for %d keys' semaphores and read-write locks, want %d", n, len(names), 2*len(names))
+	sharedtest.Opaque(t, a, b, func(key string, mode driver.SharedMode) { waitQueued(t, a, key, mode.RW(), 1) })
+	if n := len(entries(t, dir)); n != 2*len(opaquetest.Names) {
+		t.Errorf("%d files for %d keys' semaphores and read-write locks, want %d", n, len(opaquetest.Names), 2*len(opaquetest.Names))
 	}
 }
 

@@ -344,7 +344,9 @@ func (r *sharedRec) soonest(at instant) error {
 // file is removed.
 func (l *Locker) waiterAlive(name, id string) bool {
 	path := l.dir + "/" + waiterFileName(name, id)
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	// Write-only: closing it must not look like the end of the waiter,
+	// whose own descriptor is read-only (see newWaiter).
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
 		return false
 	}
@@ -352,6 +354,7 @@ func (l *Locker) waiterAlive(name, id string) bool {
 		return true // cannot tell: keep it
 	}
 	defer unix.Close(fd)
+	flocks.Add(1)
 	err = unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB)
 	if err == nil {
 		_ = unix.Unlink(path)

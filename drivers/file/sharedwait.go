@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-locker/locker/driver"
@@ -15,21 +18,29 @@ import (
 // Waiting for a shared hold. A waiting request is an entry in the lock's
 // queue, in its file; whoever next rewrites the file under its flock (a
 // release, a refresh, another waiter) grants the queue from its head as
-// far as it fits. A waiter learns of its grant from inotify (the file was
-// written), and of an expiry ahead of it from a timer at the first
-// holder's expiry; it then re-reads the file, settling it itself (dropping
-// expired holders, granting from the head) if nobody else has.
+// far as it fits. Each waiter holds an exclusive flock on a waiter file of
+// its own, named in its entry, opened read-only, and watches three things
+// only (inotify on the directory, by file name):
 //
-// While it waits, the waiter holds an exclusive flock on a waiter file of
-// its own, named in its entry: a process that dies while waiting releases
-// that flock, and the next settle drops its entry instead of granting it.
+//   - its own waiter file, which the writer of a grant writes a byte to
+//     once the record is written (and so does the writer that makes it the
+//     head of the queue, or removes the entry ahead of it);
+//   - while it is at the head of the queue, a timer at the first holder's
+//     expiry, which changes no file;
+//   - otherwise, the closing of the waiter file of the live entry ahead of
+//     it: its process closes that file when its wait ends, however it ends,
+//     SIGKILL included. A waiter that finds the entry ahead dead and at the
+//     head settles the record (dropping it); one that finds it dead further
+//     back watches the next entry ahead instead.
+//
+// So a release wakes the waiters it grants (and a new head), and no other:
+// nobody watches the lock's file itself. Without inotify every waiter
+// re-reads the record every pollInterval.
 
 // sharedFallback is how long a waiter waits for an event before it re-reads
-// its lock's file anyway, under a shared flock, and checks that the waiter
-// at the head of the queue is alive: the bound on noticing a waiter ahead
-// of it that died while nothing else happened. Releases, grants and
-// expiries wake it at once.
-const sharedFallback = 250 * time.Millisecond
+// its lock's file anyway, under a shared flock, and checks that the entry
+// ahead of it is alive: a bound on the effect of a lost event.
+const sharedFallback = time.Second
 
 // abandonTimeout bounds the clean-up of a wait that ended with its ctx:
 // taking the flock to remove its entry, or its grant.
@@ -37,32 +48,39 @@ const abandonTimeout = 2 * time.Second
 
 // sharedWaiter is one waiting request of this process.
 type sharedWaiter struct {
-	id   string // names its entry and its waiter file
-	fd   int    // the waiter file, flocked while waiting
-	path string
-	sub  *subscription // events on the lock's file
-	next time.Duration // until the first holder's lease ends, 0 if none
+	id     string // names its entry and its waiter file
+	fd     int    // the waiter file, flocked while waiting
+	path   string
+	key    string
+	name   string        // the lock's file name
+	sub    *subscription // writes to its own waiter file
+	pred   *subscription // closes of the waiter file of the entry ahead; nil if none
+	predID string
+	next   time.Duration // at the head: until the first holder's lease ends, 0 if none
 }
 
 // newWaiter creates and flocks a waiter file for a request on the lock in
 // file name, and subscribes to the events on that file. The entry naming
 // it is written after, so that a waiter is alive whenever its entry is
-// seen.
+// seen. The file is opened read-only, so that its closing, and only its
+// closing, is an IN_CLOSE_NOWRITE event (probes and wake-ups open it
+// write-only).
 func (l *Locker) newWaiter(key, name string) (*sharedWaiter, error) {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	w := &sharedWaiter{id: hex.EncodeToString(b[:])}
+	w := &sharedWaiter{id: hex.EncodeToString(b[:]), key: key, name: name}
 	w.path = l.dir + "/" + waiterFileName(name, w.id)
-	fd, err := unix.Open(w.path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, l.perm)
+	fd, err := unix.Open(w.path, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, l.perm)
 	if err != nil {
 		return nil, fmt.Errorf("file: waiter file: %w", err)
 	}
 	w.fd = fd
+	flocks.Add(1)
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		w.drop()
 		return nil, fmt.Errorf("file: waiter file: %w", err)
 	}
-	if w.sub, err = l.watchFile(key, l.dir+"/"+name, name); err != nil {
+	if w.sub, err = l.watchFile(key, w.path, waiterFileName(name, w.id), false); err != nil {
 		w.drop()
 		return nil, err
 	}
@@ -76,16 +94,129 @@ func (w *sharedWaiter) drop() {
 	unix.Close(w.fd)
 }
 
-// stop ends the wait's subscription and drops its waiter file.
+// stop ends the wait's subscriptions and drops its waiter file.
 func (w *sharedWaiter) stop() {
 	w.sub.stop(false)
+	if w.pred != nil {
+		w.pred.stop(false)
+	}
 	w.drop()
 }
 
-// waitShared waits for the grant of the queued request w, re-reading the
-// lock's file on each event, at the first holder's expiry, and after
-// sharedFallback without either (every pollInterval without inotify), when
-// it also checks that the waiter at the head of the queue is alive.
+// watchPred makes w watch the waiter file of the entry id ahead of it
+// ("" for none). It reports whether the watch changed.
+func (w *sharedWaiter) watchPred(l *Locker, id string) bool {
+	if id == w.predID {
+		return false
+	}
+	if w.pred != nil {
+		w.pred.stop(false)
+		w.pred = nil
+	}
+	w.predID = id
+	if id == "" {
+		return true
+	}
+	name := waiterFileName(w.name, id)
+	if s, err := l.watchFile(w.key, l.dir+"/"+name, name, true); err == nil {
+		w.pred = s
+	}
+	return true
+}
+
+// track brings w's watches up to date with the record r (read under the
+// lock's flock), in which w's entry is at index i: the expiry timer at the
+// head, else the watch on the live entry ahead. probe also checks that the
+// entry already watched is alive. It reports whether the record must be
+// settled: the entry ahead is dead and at the head.
+func (w *sharedWaiter) track(l *Locker, r *sharedRec, i int, at instant, probe bool) bool {
+	w.next = 0
+	if i == 0 {
+		w.next = r.nextExpiry(at)
+		w.watchPred(l, "")
+		return false
+	}
+	for j := i - 1; j >= 0; j-- {
+		id := r.queue[j].id
+		if w.watchPred(l, id) {
+			probe = true // it may have ended before the watch began
+		}
+		if !probe || l.waiterAlive(w.name, id) {
+			return false
+		}
+		if j == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// predDied reports whether the waiter ahead of w, whose waiter file was
+// just closed, died: its file is still there, and unlocked. A wait that
+// ended otherwise removed its file first, and the write that ended it
+// wakes w if that concerns w.
+func (l *Locker) predDied(w *sharedWaiter) bool {
+	fd, err := unix.Open(l.dir+"/"+waiterFileName(w.name, w.predID), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return !errors.Is(err, unix.ENOENT)
+	}
+	unix.Close(fd)
+	return true
+}
+
+// A wakeUp is a waiter to wake, with the token of the hold granted to it,
+// 0 if none.
+type wakeUp struct {
+	id    string
+	token uint64
+}
+
+// wakeWaiters writes to the waiter file of each waiter f's write concerns,
+// but the caller's own: those it granted (the token of the grant, so that
+// the waiter need not read the record), the new head of the queue (which
+// keeps the expiry timer), and those f.wake names otherwise ("-": look at
+// the record).
+func (f *sharedFile) wakeWaiters() {
+	if q := f.rec.queue; len(q) > 0 && q[0].id != f.head {
+		f.wake = append(f.wake, wakeUp{id: q[0].id})
+	}
+	var b [24]byte
+	for _, w := range f.wake {
+		if w.id == f.self {
+			continue
+		}
+		fd, err := unix.Open(f.l.dir+"/"+waiterFileName(f.name, w.id), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue // it has ended
+		}
+		msg := append(b[:0], '-')
+		if w.token != 0 {
+			msg = strconv.AppendUint(append(b[:0], 'g'), w.token, 10)
+		}
+		_, _ = unix.Pwrite(fd, append(msg, '\n'), 0)
+		unix.Close(fd)
+	}
+}
+
+// grantedToken returns the token a granter wrote to w's waiter file, or 0.
+// A grant is written once, after the record that holds it, and only to a
+// waiter that left the queue with it, so the file then says nothing else.
+func (w *sharedWaiter) grantedToken() uint64 {
+	var b [24]byte
+	n, _ := unix.Pread(w.fd, b[:], 0)
+	line, _, ok := strings.Cut(string(b[:max(n, 0)]), "\n")
+	if !ok || !strings.HasPrefix(line, "g") {
+		return 0
+	}
+	tok, _ := strconv.ParseUint(line[1:], 10, 64)
+	return tok
+}
+
+// waitShared waits for the grant of the queued request w. It re-reads the
+// lock's file when its waiter file is written, when the entry it watches
+// closes its waiter file, at the first holder's expiry while at the head,
+// and after sharedFallback without any of these (every pollInterval
+// without inotify), when it also checks that the entry ahead is alive.
 func (l *Locker) waitShared(ctx context.Context, key string, req driver.SharedRequest, w *sharedWaiter) (uint64, error) {
 	defer w.stop()
 	timer := time.NewTimer(time.Hour)
@@ -99,6 +230,10 @@ func (l *Locker) waitShared(ctx context.Context, key string, req driver.SharedRe
 			d, expiry = w.next+100*time.Microsecond, true
 		}
 		timer.Reset(d)
+		var pred <-chan struct{}
+		if w.pred != nil {
+			pred = w.pred.poke
+		}
 		settle, probe := false, false
 		select {
 		case <-ctx.Done():
@@ -106,12 +241,26 @@ func (l *Locker) waitShared(ctx context.Context, key string, req driver.SharedRe
 		case <-w.sub.done: // Close
 			return 0, l.abandonShared(ctx, key, req, w, driver.ErrClosed)
 		case <-w.sub.poke:
+			if tok := w.grantedToken(); tok != 0 {
+				return tok, nil
+			}
 		case <-w.sub.wake:
+		case <-pred:
+			if !l.predDied(w) {
+				continue
+			}
+			probe = true
 		case <-timer.C:
-			settle, probe = expiry, true
+			settle, probe = expiry, !expiry
 		}
-		if !settle && l.stillWaiting(ctx, req, key, w, probe) {
-			continue
+		if !settle {
+			tok, state := l.observe(ctx, req, key, w, probe)
+			if state == wasGranted {
+				return tok, nil
+			}
+			if state == stillQueued {
+				continue
+			}
 		}
 		if tok, done, err := l.checkWaiter(ctx, key, req, w); done {
 			return tok, err
@@ -119,36 +268,46 @@ func (l *Locker) waitShared(ctx context.Context, key string, req driver.SharedRe
 	}
 }
 
-// stillWaiting reads the lock's file under a shared flock, so that the
-// waiters woken by one write read it at once, and reports whether w is
-// queued with nothing for it to settle: no expired holder, and a head that
-// does not fit (and, with probe, whose waiter is alive). Otherwise (or if
-// the file cannot be read now) w settles it under the exclusive flock.
-func (l *Locker) stillWaiting(ctx context.Context, req driver.SharedRequest, key string, w *sharedWaiter, probe bool) bool {
+// What observe found.
+const (
+	stillQueued = iota // w waits on, with nothing to settle
+	wasGranted         // w holds
+	unsettled          // w must settle the record under the exclusive flock
+)
+
+// observe reads the lock's file under a shared flock, so that the waiters
+// woken by one write read it at once, and reports whether w was granted,
+// waits on with nothing to settle (no expired holder, a head that does not
+// fit, and a live entry ahead of w), or must settle the record (also if
+// the file cannot be read now).
+func (l *Locker) observe(ctx context.Context, req driver.SharedRequest, key string, w *sharedWaiter, probe bool) (uint64, int) {
 	f, err := l.openShared(ctx, key, req.Mode.RW(), unix.LOCK_SH, false)
 	if err != nil {
-		return false
+		return 0, unsettled
 	}
 	defer unix.Close(f.fd)
 	at := now(l.boot)
 	r := &f.rec
-	if r.entry(w.id) < 0 || r.boot != at.boot {
-		return false
+	if r.boot != at.boot {
+		return 0, unsettled
 	}
 	for i := range r.holders {
+		if r.holders[i].via == w.id {
+			return r.holders[i].token, wasGranted
+		}
 		if r.holders[i].expires <= at.mono {
-			return false
+			return 0, unsettled
 		}
 	}
+	i := r.entry(w.id)
+	if i < 0 {
+		return 0, unsettled
+	}
 	head := r.queue[0]
-	if r.holder(head.owner) >= 0 || r.fits(head.mode, head.limit) {
-		return false
+	if r.holder(head.owner) >= 0 || r.fits(head.mode, head.limit) || w.track(l, r, i, at, probe) {
+		return 0, unsettled
 	}
-	if probe && head.id != w.id && !l.waiterAlive(f.name, head.id) {
-		return false
-	}
-	w.next = r.nextExpiry(at)
-	return true
+	return 0, stillQueued
 }
 
 // checkWaiter settles the lock's file and reports whether w's wait is over:
@@ -161,6 +320,7 @@ func (l *Locker) checkWaiter(ctx context.Context, key string, req driver.SharedR
 		}
 		return 0, true, l.abandonShared(ctx, key, req, w, err)
 	}
+	f.self = w.id
 	at := now(l.boot)
 	err = f.settle(ctx, at)
 	var tok uint64
@@ -178,11 +338,14 @@ func (l *Locker) checkWaiter(ctx context.Context, key string, req driver.SharedR
 }
 
 // waiterState reports whether w was granted (its token), refused (an
-// upgrade), or waits on. A waiter found neither queued nor holding (its
-// grant expired before it looked, or its entry was dropped) queues again.
+// upgrade), or waits on, then with its watches brought up to date. A
+// waiter found neither queued nor holding (its grant expired before it
+// looked, or its entry was dropped) queues again, as a new waiter.
 func (f *sharedFile) waiterState(w *sharedWaiter, req driver.SharedRequest, at instant) (uint64, bool, error) {
-	if f.rec.entry(w.id) >= 0 {
-		w.next = f.rec.nextExpiry(at)
+	if i := f.rec.entry(w.id); i >= 0 {
+		if w.track(f.l, &f.rec, i, at, false) {
+			signal(w.sub.poke) // the head died since settle saw it: look again
+		}
 		return 0, false, nil
 	}
 	for _, h := range f.rec.holders {
@@ -196,8 +359,19 @@ func (f *sharedFile) waiterState(w *sharedWaiter, req driver.SharedRequest, at i
 		}
 		return f.rec.holders[i].token, true, nil
 	}
+	// Queue again under a new waiter file: a grant written to the old one
+	// (since expired) must not be read as this entry's.
+	nw, err := f.l.newWaiter(w.key, w.name)
+	if err != nil {
+		return 0, true, err
+	}
+	w.stop()
+	*w = *nw
+	f.self = w.id
 	f.enqueue(w, req)
-	w.next = f.rec.nextExpiry(at)
+	if w.track(f.l, &f.rec, len(f.rec.queue)-1, at, false) {
+		signal(w.sub.poke)
+	}
 	return 0, false, nil
 }
 
@@ -216,6 +390,9 @@ func (l *Locker) abandonShared(ctx context.Context, key string, req driver.Share
 	if i := f.rec.entry(w.id); i >= 0 {
 		f.rec.queue = slices.Delete(f.rec.queue, i, i+1)
 		f.dirty = true
+		if i > 0 && i < len(f.rec.queue) {
+			f.wake = append(f.wake, wakeUp{id: f.rec.queue[i].id}) // the entry it watched ahead has gone
+		}
 	}
 	if i := slices.IndexFunc(f.rec.holders, func(h sharedHolder) bool { return h.via == w.id }); i >= 0 {
 		f.rec.holders = slices.Delete(f.rec.holders, i, i+1)

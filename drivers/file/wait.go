@@ -64,20 +64,22 @@ func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 // inotify watcher if one can be had (s.w is nil otherwise), registered with
 // l so that Close ends it. After Close it returns driver.ErrClosed.
 func (l *Locker) newSubscription(key string) (*subscription, error) {
-	return l.watchFile(key, l.Path(key), fileName(key))
+	return l.watchFile(key, l.Path(key), fileName(key), false)
 }
 
 // watchFile starts a subscription to the events on the file name (at path)
-// of key's lock, as newSubscription does for its mutex.
-func (l *Locker) watchFile(key, path, name string) (*subscription, error) {
+// of key's lock, as newSubscription does for its mutex; with closes, to the
+// closing of read-only descriptors of it instead (see subscription).
+func (l *Locker) watchFile(key, path, name string, closes bool) (*subscription, error) {
 	s := &subscription{
-		l:    l,
-		key:  key,
-		path: path,
-		name: name,
-		wake: make(chan struct{}, 1),
-		poke: make(chan struct{}, 1),
-		done: make(chan struct{}),
+		l:      l,
+		key:    key,
+		path:   path,
+		name:   name,
+		closes: closes,
+		wake:   make(chan struct{}, 1),
+		poke:   make(chan struct{}, 1),
+		done:   make(chan struct{}),
 	}
 	s.w = acquireWatcher(l.dir)
 	if s.w != nil {
@@ -102,6 +104,11 @@ type subscription struct {
 	wake, poke chan struct{}
 	done       chan struct{} // closed by stop
 	once       sync.Once
+	// closes makes the subscription hear only of the closing of a
+	// descriptor opened read-only on its file (and of events that may have
+	// been missed): a waiter's watch on the waiter ahead of it, whose
+	// process closes its waiter file when it ends, however it ends.
+	closes bool
 }
 
 func signal(c chan struct{}) {
@@ -250,7 +257,7 @@ func acquireWatcher(dir string) *watcher {
 	if err != nil {
 		return nil
 	}
-	const mask = unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MODIFY | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
+	const mask = unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MODIFY | unix.IN_CLOSE_NOWRITE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
 	if _, err := unix.InotifyAddWatch(fd, dir, mask); err != nil {
 		unix.Close(fd)
 		return nil
@@ -307,14 +314,25 @@ func (w *watcher) remove(s *subscription) {
 	}
 }
 
-// notify delivers an event for name ("" for every subscription): freed
-// sends a wake-up, otherwise the subscription re-reads the lock file.
-func (w *watcher) notify(name string, freed bool) {
+// Kinds of event the watcher delivers.
+const (
+	evChanged = iota // the file was written: its subscriptions re-read it
+	evFreed          // removed, or an event may have been missed: also wake
+	evClosed         // a read-only descriptor of it was closed
+)
+
+// notify delivers an event of kind ev for name ("" for every
+// subscription). A closing reaches only the subscriptions that ask for it
+// (closes), and they hear of nothing else but events that may hide one.
+func (w *watcher) notify(name string, ev int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	deliver := func(m map[*subscription]struct{}) {
 		for s := range m {
-			if freed {
+			if name != "" && s.closes != (ev == evClosed) {
+				continue
+			}
+			if ev == evFreed {
 				signal(s.wake)
 			}
 			signal(s.poke)
@@ -335,7 +353,7 @@ func (w *watcher) loop() {
 		n, err := w.f.Read(buf)
 		if err != nil {
 			if !errors.Is(err, os.ErrClosed) {
-				w.notify("", true) // cannot watch any more: let waiters re-check
+				w.notify("", evFreed) // cannot watch any more: let waiters re-check
 			}
 			return
 		}
@@ -353,14 +371,16 @@ func (w *watcher) loop() {
 					delete(watchers, w.dir)
 				}
 				watchersMu.Unlock()
-				w.notify("", true)
+				w.notify("", evFreed)
 			case ev.Mask&(unix.IN_Q_OVERFLOW|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF) != 0:
-				w.notify("", true)
+				w.notify("", evFreed)
 			case name == "":
 			case ev.Mask&(unix.IN_DELETE|unix.IN_MOVED_FROM) != 0:
-				w.notify(name, true)
+				w.notify(name, evFreed)
 			case ev.Mask&unix.IN_MODIFY != 0:
-				w.notify(name, false)
+				w.notify(name, evChanged)
+			case ev.Mask&unix.IN_CLOSE_NOWRITE != 0:
+				w.notify(name, evClosed)
 			}
 		}
 	}

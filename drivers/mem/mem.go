@@ -25,7 +25,7 @@
 // is the same): a nil s is an error wrapping driver.ErrInvalid, and
 // Options has no fields yet, so nil means the defaults.
 //
-// mem is, for now, the only driver with shared holds
+// mem is the reference implementation of shared holds
 // (driver.SharedLocker), behind package locker's Semaphore and RWMutex: a
 // store keeps each semaphore and read-write lock apart from the mutex on
 // the same key, serves their waiters in arrival order, and wakes only the
@@ -50,6 +50,8 @@ var (
 	_ driver.Inspector = (*Locker)(nil)
 	_ driver.Capable   = (*Locker)(nil)
 	_ driver.Pinger    = (*Locker)(nil)
+
+	_ driver.BatchRefresher = (*Locker)(nil)
 )
 
 func init() {
@@ -130,7 +132,8 @@ type Store struct {
 	locks   map[string]*entry
 	counter uint64
 	subs    map[string]map[chan struct{}]struct{}
-	shared  map[sharedID]*sharedLock // semaphores and RW locks (shared.go)
+	changes map[string]map[*changeWatch]struct{} // WatchChanges watches by key (changes.go)
+	shared  map[sharedID]*sharedLock             // semaphores and RW locks (shared.go)
 }
 
 type entry struct {
@@ -142,13 +145,13 @@ type entry struct {
 
 // NewStore returns an empty store, private to the caller.
 func NewStore() *Store {
-	return &Store{locks: map[string]*entry{}, subs: map[string]map[chan struct{}]struct{}{}}
+	return &Store{locks: map[string]*entry{}, subs: map[string]map[chan struct{}]struct{}{}, changes: map[string]map[*changeWatch]struct{}{}}
 }
 
 // Locker returns a new client of the store, a *Locker; each behaves like a
 // separate process. It is New(ctx, s, nil) without the error. It implements
-// driver.Locker, driver.Waiter, driver.Inspector, driver.Capable and
-// driver.SharedLocker.
+// driver.Locker, driver.Waiter, driver.ChangeWatcher, driver.Inspector,
+// driver.Capable and driver.SharedLocker.
 func (s *Store) Locker() driver.Locker { return &Locker{s: s} }
 
 // live returns key's entry if it has not expired. s.mu is held.
@@ -164,7 +167,8 @@ func (s *Store) live(key string, now time.Time) *entry {
 	return e
 }
 
-// dropLocked deletes key and wakes its subscribers. s.mu is held.
+// dropLocked deletes key and wakes its subscribers and change watchers.
+// s.mu is held.
 func (s *Store) dropLocked(key string, e *entry) {
 	e.timer.Stop()
 	delete(s.locks, key)
@@ -173,6 +177,14 @@ func (s *Store) dropLocked(key string, e *entry) {
 		case ch <- struct{}{}:
 		default:
 		}
+	}
+	s.changedLocked(key)
+}
+
+// changedLocked tells key's change watchers. s.mu is held.
+func (s *Store) changedLocked(key string) {
+	for w := range s.changes[key] {
+		w.mark()
 	}
 }
 
@@ -185,8 +197,8 @@ func (s *Store) expire(key string, e *entry) {
 }
 
 // Locker is a client of a Store. It implements driver.Locker,
-// driver.Waiter, driver.Inspector, driver.Capable and driver.Pinger, and is
-// safe for concurrent use.
+// driver.Waiter, driver.ChangeWatcher, driver.Inspector, driver.Capable,
+// driver.Pinger and driver.BatchRefresher, and is safe for concurrent use.
 type Locker struct {
 	s      *Store
 	mu     sync.Mutex
@@ -245,6 +257,7 @@ func (c *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 	e := &entry{owner: owner, token: s.counter, expires: now.Add(ttl)}
 	e.timer = time.AfterFunc(ttl, func() { s.expire(key, e) })
 	s.locks[key] = e
+	s.changedLocked(key)
 	return e.token, nil
 }
 
@@ -273,7 +286,11 @@ func (c *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := time.Now()
+	return s.refreshLocked(key, owner, ttl, time.Now())
+}
+
+// refreshLocked is Refresh once the arguments are checked. s.mu is held.
+func (s *Store) refreshLocked(key, owner string, ttl time.Duration, now time.Time) error {
 	e := s.live(key, now)
 	if e == nil || e.owner != owner {
 		return notHeld(e, now)
@@ -281,6 +298,32 @@ func (c *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 	e.expires = now.Add(ttl)
 	e.timer.Reset(ttl)
 	return nil
+}
+
+// RefreshBatch implements driver.BatchRefresher: each item as Refresh,
+// all under one lock of the store, with one error per item.
+func (c *Locker) RefreshBatch(ctx context.Context, items []driver.RefreshItem) []error {
+	errs := make([]error, len(items))
+	ok := false
+	for i, it := range items {
+		if errs[i] = c.check(ctx, it.Key); errs[i] == nil {
+			errs[i] = checkTTL(it.TTL)
+		}
+		ok = ok || errs[i] == nil
+	}
+	if !ok {
+		return errs
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	for i, it := range items {
+		if errs[i] == nil {
+			errs[i] = s.refreshLocked(it.Key, it.Owner, it.TTL, now)
+		}
+	}
+	return errs
 }
 
 // Release frees key if owner holds it, waking its subscribers. Errors:

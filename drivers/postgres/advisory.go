@@ -27,11 +27,12 @@ type hold struct {
 	owner   string
 	token   uint64
 	conn    *pgxpool.Conn
-	origIST string // idle_session_timeout before the grant
-	origApp string // application_name before the grant
-	adv     int64  // the advisory key
-	pid     uint32 // the session's backend process id
-	server  string // the server's address, as the connection reached it
+	origIST string            // idle_session_timeout before the grant
+	origApp string            // application_name before the grant
+	adv     int64             // the advisory key
+	pid     uint32            // the session's backend process id
+	server  string            // the server's address, as the connection reached it
+	mode    driver.SharedMode // a shared hold's mode; 0 for a mutex
 
 	// Guarded by Locker.mu.
 	mon       *sessionWatch          // the socket watch; nil if unwatched
@@ -45,6 +46,9 @@ type call struct {
 	ttl        time.Duration
 	ttlMS      int64
 	adv        int64
+	mode       driver.SharedMode // a shared hold's mode; 0 for the mutex
+	limit      int               // a permit's semaphore limit
+	gated      bool              // a permit's try by the session that holds the gate
 }
 
 func (l *advisoryLocker) newCall(key, owner string, ttl time.Duration) (*call, error) {
@@ -132,8 +136,8 @@ func (l *advisoryLocker) acquire(ctx context.Context, key, owner string, ttl tim
 		return 0, err
 	}
 	defer done()
-	s := l.getSlot(key)
-	defer l.putSlot(key, s)
+	s := l.getSlot(mutexID(key))
+	defer l.putSlot(mutexID(key), s)
 	if tok, ok, err := l.reacquire(ctx, s, c); ok || err != nil {
 		return tok, err
 	}
@@ -243,9 +247,12 @@ func (l *advisoryLocker) rewait(ctx context.Context, st *retryState, err error) 
 			return l.fail(ctx, "acquire", fmt.Errorf("%w (while waiting, last error: %w)", ctx.Err(), err))
 		}
 	case st.tries < 3:
-		// The connection broke (a dead pooled connection, a reset): try
-		// a fresh one at once.
+		// The connection broke under the wait (a reset, a crashed
+		// server, or a dead pooled connection): try a fresh one at once,
+		// and if the server cannot be reached, wait for it to come back
+		// as for a killed session.
 		st.tries++
+		st.waited, st.lastErr = true, err
 	default:
 		return l.fail(ctx, "acquire", fmt.Errorf("%w: %w", driver.ErrUnavailable, err))
 	}
@@ -321,6 +328,15 @@ func (l *advisoryLocker) run(ctx context.Context, conn *pgxpool.Conn, wait bool,
 		strconv.FormatInt(c.ttlMS, 16), ownerTag(c.owner)}
 	tcp := needTCP(conn, c.ttlMS)
 	sql := l.sql.acquire[boolIndex(wait)][boolIndex(tcp)]
+	if c.mode != 0 {
+		sql = l.shsql.acquire[c.mode][boolIndex(wait)][boolIndex(tcp)]
+		if c.gated {
+			sql = l.shsql.permitRetry[boolIndex(tcp)]
+		}
+		if c.mode == driver.SharedPermit {
+			args = append(args, int32(c.limit))
+		}
+	}
 	if tcp {
 		args = append(args, keepaliveIdle(c.ttlMS))
 	}
@@ -341,7 +357,7 @@ func (l *advisoryLocker) run(ctx context.Context, conn *pgxpool.Conn, wait bool,
 		r.granted = true
 		r.token = uint64(*tok)
 		r.origIST, r.origApp = *ist, *app
-	case !wait:
+	case !wait && c.mode == 0:
 		// Refused: how long the holder has left, if the server can tell
 		// (a failed look-up only leaves it unknown).
 		err := conn.QueryRow(ctx, l.sql.holder, uint32(uint64(c.adv)>>32), uint32(uint64(c.adv))).Scan(&held)
@@ -432,6 +448,9 @@ func (l *advisoryLocker) waitOn(ctx context.Context, conn *pgxpool.Conn, c *call
 		destroy(conn)
 		return nil, false, ErrPooler
 	}
+	if !r.granted && c.mode == driver.SharedPermit {
+		return nil, false, gateHeld{conn}
+	}
 	if !r.granted {
 		destroy(conn)
 		return nil, false, errors.New("postgres: acquire: blocking lock not granted")
@@ -484,38 +503,22 @@ func sessionKilled(err error) bool {
 // closed and the lock ends with it: the error then wraps both ctx.Err() and
 // driver.ErrNotHeld.
 func (l *advisoryLocker) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	c, err := l.newCall(key, owner, ttl)
-	if err != nil {
-		return err
-	}
-	ctx, done, err := l.begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer done()
-	s, unlock, err := l.heldSlot("refresh", key, owner)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if err := l.refreshLocked(ctx, s, c); err != nil {
-		return l.failHeld(ctx, "refresh", err)
-	}
-	return nil
+	return l.refreshShared(ctx, key, 0, owner, ttl)
 }
 
 // heldSlot returns key's slot, locked, when owner holds key through this
 // Locker, and the function that unlocks it and gives it back; otherwise an
 // error wrapping driver.ErrNotHeld that names op.
-func (l *advisoryLocker) heldSlot(op, key, owner string) (*slot, func(), error) {
-	s := l.peekSlot(key)
+func (l *advisoryLocker) heldSlot(op string, id slotID, owner string) (*slot, func(), error) {
+	key := id.key
+	s := l.peekSlot(id)
 	if s == nil {
 		return nil, nil, notHeld(op, key)
 	}
 	s.mu.Lock()
 	unlock := func() {
 		s.mu.Unlock()
-		l.putSlot(key, s)
+		l.putSlot(id, s)
 	}
 	if s.h == nil || s.h.owner != owner {
 		unlock()
@@ -565,21 +568,17 @@ func (l *advisoryLocker) Release(ctx context.Context, key, owner string) error {
 	if owner == "" {
 		return fmt.Errorf("postgres: empty owner: %w", driver.ErrInvalid)
 	}
-	ctx, done, err := l.begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer done()
-	s, unlock, err := l.heldSlot("release", key, owner)
-	if err != nil {
-		return err
-	}
-	defer unlock()
+	return l.releaseShared(ctx, key, 0, owner)
+}
+
+// releaseLocked runs sql, a release statement, on the connection of s.h
+// and ends the hold; the caller holds s.mu. See Release.
+func (l *advisoryLocker) releaseLocked(ctx context.Context, s *slot, key, sql string) error {
 	h := s.h
 	l.setHold(s, nil) // also ends the watch: our own unlock is no loss
 	var unlocked bool
 	var ist, app string
-	err = h.conn.QueryRow(ctx, l.sql.release, AdvisoryKey(l.ns, key), h.origIST, h.origApp).Scan(&unlocked, &ist, &app)
+	err := h.conn.QueryRow(ctx, sql, h.adv, h.origIST, h.origApp).Scan(&unlocked, &ist, &app)
 	if err == nil && unlocked {
 		h.conn.Release()
 		return nil

@@ -30,10 +30,15 @@ const (
 // runChild runs the helper process when the binary is re-executed as one,
 // and reports whether it did (it then exits without running tests).
 func runChild() bool {
-	if os.Getenv(envChild) != "holder" {
+	run := holderChild
+	switch os.Getenv(envChild) {
+	case "holder":
+	case "permit":
+		run = permitChild
+	default:
 		return false
 	}
-	if err := holderChild(); err != nil {
+	if err := run(); err != nil {
 		fmt.Println("ERROR", err)
 		os.Exit(1)
 	}

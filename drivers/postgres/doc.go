@@ -92,7 +92,8 @@
 // max_protocol_version, channel_binding, require_auth,
 // statement_cache_capacity, description_cache_capacity,
 // default_query_exec_mode, the pgxpool parameters pool_max_conns (default
-// here DefaultPoolMaxConns = 256, not pgx's 4), pool_min_conns,
+// here DefaultPoolMaxConns = 256 in advisory mode and
+// DefaultLeasePoolMaxConns = 16 in lease mode, not pgx's 4), pool_min_conns,
 // pool_min_idle_conns, pool_max_conn_lifetime, pool_max_conn_idle_time,
 // pool_health_check_period, pool_max_conn_lifetime_jitter, and the run-time
 // parameters application_name and options. Any other parameter is an error
@@ -106,7 +107,9 @@
 // connection refused or timed out, TLS or authentication failure (a wrong
 // password), no free connection slot, a server starting up or shutting
 // down — fails Open, and every later call, with an error wrapping
-// driver.ErrUnavailable and the server's or pgx's message. A key held by
+// driver.ErrUnavailable and the server's or pgx's message. No free
+// connection slot ("too many clients", SQLSTATE 53300) also wraps a
+// *SlotsError that names the cause for the mode (see Connections). A key held by
 // someone else is driver.ErrNotAcquired, never ErrUnavailable.
 //
 // # Lease mode
@@ -147,6 +150,16 @@
 // mode WatchHold returns an error matching errors.ErrUnsupported: a lost
 // lease is learned at the next renewal or the safe deadline, which the
 // server's expiry never precedes.
+//
+// Election observers (WatchChanges, driver.ChangeWatcher): Acquire of an
+// election's key (under locker.ElectionPrefix; a plain lock's sends
+// nothing, and WatchChanges of its key fails with errors.ErrUnsupported)
+// also notifies each grant, on the channel "locker_lease_grant", which
+// waiters do not listen to; a second listener connection per lease-mode Locker,
+// opened by the first observer outside the pool, LISTENs for grants and
+// releases, so Election.Observe sees a new term within a round trip of its
+// grant. Behind a pooler, and in advisory mode, observers read the holder
+// every 100ms instead.
 //
 // Limits of the lease mode: a lease lost to expiry is learned at the next
 // renewal or by the holder's safe deadline, never sooner (no hold watch);
@@ -251,13 +264,29 @@
 //
 // # Connections
 //
-// Every held lock pins one connection, and so does every waiter blocked in
-// the server (package locker uses one per key per Locker); a Locker with a
-// watched lock adds one probe connection, outside the pool. Size
-// pool_max_conns and the server's max_connections for the number of locks
-// held at once plus waiters. Past max_connections Acquire fails at once with
-// the server's "too many clients" error; past pool_max_conns it waits for a
-// pooled connection until its context is done.
+// Advisory mode: every held lock pins one connection, and so does every
+// waiter blocked in the server (package locker uses one per key per
+// Locker; each waiting permit is one, queued on its semaphore's gate); a Locker with a watched lock adds one probe connection, outside
+// the pool. Size pool_max_conns and the server's max_connections for the
+// number of locks held at once plus waiters. Past max_connections Acquire
+// fails at once with an error wrapping driver.ErrUnavailable and a
+// *SlotsError that says so; past pool_max_conns it waits for a pooled
+// connection until its context is done.
+//
+// Lease mode: no connection is pinned. A Locker uses at most
+// pool_max_conns pooled connections (default DefaultLeasePoolMaxConns =
+// 16, so that several Lockers fit a default server's max_connections of
+// 100), plus one connection of its own for renewals and one for release
+// notifications, however many locks it holds. Refreshes that fall due
+// together are sent as one statement (up to 1,000 locks) on the renewal
+// connection, so renewals of held locks never queue behind acquires for a
+// pooled connection, and each Refresh gets its own answer (renewed, or
+// driver.ErrNotHeld for that lock alone). Acquires beyond pool_max_conns
+// wait for a pooled connection until their context is done. If the server
+// has no free slot, the error wraps driver.ErrUnavailable and a *SlotsError
+// saying that other clients or Lockers hold the server's connections
+// (lower pool_max_conns or raise max_connections); renewals then fall back
+// to the pool until the renewal connection can be opened.
 //
 // PgBouncer and other poolers: not supported in advisory mode (the lease
 // mode works through them). Session-level locks and
@@ -265,6 +294,92 @@
 // detects a pooler (the backend pid in the connection handshake differs
 // from pg_backend_pid(), as PgBouncer makes up its own) and refuses with
 // ErrPooler, before any lock is taken. Connect directly to PostgreSQL.
+//
+// # Semaphores and read-write locks
+//
+// The Locker implements driver.SharedLocker in both modes, so package
+// locker's Semaphore and RWMutex work on it. A mutex, a semaphore and a
+// read-write lock on one key string are three locks: the shared ones hash
+// their key with another function (SHA-512/256 with a kind byte) than the
+// mutex's SHA-256, so their advisory keys and table ids are apart.
+//
+// In advisory mode every hold is a session advisory lock on a connection
+// pinned to it, like a mutex's: its TTL is the session's
+// idle_session_timeout, its token is drawn from the sequence inside the
+// lock, and it ends with its session (a crashed holder's permit or read
+// hold is free at once). Holds belong to the Locker that took them.
+//
+//   - A read hold is pg_advisory_lock_shared and a write hold
+//     pg_advisory_lock on the read-write lock's key. The server's lock
+//     manager queues them: a new request that conflicts with a waiting one
+//     waits behind it, so a waiting writer blocks later readers (and a
+//     one-shot reader behind it is refused), and waits block in the
+//     server without polling. Chosen because the lock manager already is
+//     a fair, crash-safe reader-writer lock.
+//   - A semaphore is driver.MaxSharedLimit slot keys (the semaphore's base
+//     key plus 0 to 1023) and a guard key. A grant is one statement that
+//     takes the guard as a transaction lock, counts the held slots in
+//     pg_locks and, only while fewer than the request's own limit are
+//     held, takes the first free slot below that limit. Every grant is
+//     made under the guard, so the count and the grant are one atomic step
+//     and callers with different limits never admit more than the largest.
+//     The lock manager cannot wait for any one of several slots, so
+//     waiting permits queue on a third key, the semaphore's gate (base
+//     plus 2046), a session-level lock the lock manager grants in arrival
+//     order: the waiting statement takes the gate (blocking in the server)
+//     and then tries the slots. Only the gate's holder, the first waiter,
+//     retries, after 1ms doubling to 50ms and at once when a permit is
+//     released through the same Locker; its grant lets the gate go in the
+//     same statement, to the next waiter. The waiters behind it make no
+//     statement while they wait, and are granted in arrival order. A
+//     waiter that crashes or is cancelled lets the gate go with its
+//     session (or its clean-up), so it blocks no one; a permit freed by a
+//     crashed holder is taken within about 50ms (TestSharedCrashedHolder).
+//     A one-shot Acquire does not queue: it tries the slots at once. Once
+//     an attempt has reached the server, a permit wait goes on through a
+//     crash or restart of the server, as AcquireWait does.
+//
+// In lease mode each lock is one row of <schema>.locker_shared (created by
+// Open beside the lease table, also in a schema made by an earlier
+// version): its holders (owner, mode, token, expiry by the server's clock)
+// and its queue of waiters (owner, mode, and an expiry renewed by the
+// waiter's attempts: 5s), in arrival order. Each operation is one
+// statement calling a PL/pgSQL function that locks the row (creating it)
+// and so sees its latest version: the grants of a lock are serialised, and
+// expired holders and queue entries are dropped in the same step. Grants
+// follow the queue as far as each mode allows: a request (a one-shot one
+// counts as queued last) is granted, for a permit, while the holders and
+// the waiters ahead of it number fewer than its limit; for a read, while no
+// writer holds or waits ahead of it; for a write, while no one holds or
+// waits ahead of it. So waiting permits and readers are served in arrival
+// order, as writers are, and none can lose every race after a release
+// (TestSharedLeaseFIFO). The queue also keeps each waiter's limit, and a
+// release, a removed queue entry, and an acquire that dropped an expired
+// holder or entry wake only the waiters the acquire rule would now grant
+// (a run of readers, one writer, or as many permits as the limit leaves
+// room for): one NOTIFY each, whose payload is the lock's id and a hash of
+// the waiter's owner, heard by that waiter's listener alone. Only the first
+// waiter retries at the holders' earliest expiry, and its acquire wakes the
+// rest it lets in (and, granted, tells the next first waiter when a holder
+// expires sooner than that waiter's fallback); every waiter also retries at the latest every 2s, and
+// all of them once after the listener reconnects. Through a pooler waits
+// fall back to the TTL and backoff (at most 50ms for the first waiter in
+// the queue, whom the others wait for). The functions are versioned
+// (locker_shared_acquire_v4, _change_v4, _wake_v4; Open makes them): the
+// limit is enforced by the statement that grants, whichever version runs
+// it, so old and new clients can share a lock during a rolling upgrade;
+// there an old client's release wakes new waiters (they also hear the
+// lock-wide NOTIFY), but a new client's release does not wake old waiters,
+// which retry on their timers (at most 2s, or the holders' expiry). A wait that ends with its context
+// sends one clean-up statement, bounded by 250ms, that drops its entry (two
+// when a grant's reply was cut off); no connection is held while waiting.
+// A waiter that dies holds back the waiters behind it until its entry
+// expires (at most 5s).
+//
+// In both modes an owner's second request for the same hold refreshes it
+// and returns the same token, and a request for the other side of a
+// read-write lock its owner holds is driver.ErrInvalid at once: there are
+// no upgrades (release the read hold, then acquire the write hold).
 //
 // # Keys
 //

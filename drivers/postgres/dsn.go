@@ -11,12 +11,23 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DefaultPoolMaxConns is the pool size Open uses when the URL
-// has no pool_max_conns. In advisory mode every held lock pins one
-// connection, and so does every waiter blocked in the server, so the server's max_connections is usually
-// the real limit (past it, Acquire fails at once with the server's "too many
-// clients" error rather than waiting for a pooled connection).
+// DefaultPoolMaxConns is the pool size Open uses in advisory mode when the
+// URL has no pool_max_conns. In advisory mode every held lock pins one
+// connection, and so does every waiter blocked in the server, so the
+// server's max_connections is usually the real limit (past it, Acquire
+// fails at once with an error wrapping *SlotsError and
+// driver.ErrUnavailable rather than waiting for a pooled connection).
 const DefaultPoolMaxConns = 256
+
+// DefaultLeasePoolMaxConns is the pool size Open uses in lease mode when
+// the URL has no pool_max_conns. Lease mode pins no connection, so a small
+// pool serves any number of locks, and it fits a default server
+// (max_connections 100) with room for other clients: each lease-mode
+// Locker opens at most this many pooled connections plus one reserved for
+// renewals and one for release notifications. Acquires beyond the pool
+// wait for a pooled connection (bounded by their context); renewals never
+// do.
+const DefaultLeasePoolMaxConns = 16
 
 // Our own query parameters, removed from the URL before pgx sees it.
 const (
@@ -130,6 +141,9 @@ func parseDSN(dsn string) (*config, error) {
 	}
 	if !hasMax {
 		pc.MaxConns = DefaultPoolMaxConns
+		if c.mode == ModeLease {
+			pc.MaxConns = DefaultLeasePoolMaxConns
+		}
 	}
 	c.pool = pc
 	return c, nil

@@ -396,3 +396,103 @@ func TestAbandonTerminatesQueuedBackend(t *testing.T) {
 		t.Fatalf("after the holder's release: Inspect = %+v, %v; want ErrNotHeld (the abandoned wait took the key)", in, err)
 	}
 }
+
+// A waiter blocked in the server goes on waiting through a crash of the
+// server (SIGKILL: its session ends with a reset, no server error) and a
+// restart: it is granted the key, which the crash freed, with a token above
+// the crashed holder's, instead of giving up with ErrUnavailable while the
+// server is down.
+func TestAcquireWaitAcrossCrash(t *testing.T) {
+	srv := pgtest.Start(t)
+	a, b := openT(t, srv.URL()), openT(t, srv.URL())
+	key := fmt.Sprintf("crashwait/%d", time.Now().UnixNano())
+	tok, err := a.Acquire(ctxFor(t, 30*time.Second), key, "holder", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan crashResult, 1)
+	go func() {
+		tok, err := b.AcquireWait(ctxFor(t, 60*time.Second), key, "waiter", time.Minute)
+		got <- crashResult{tok, err}
+	}()
+	q := poolT(t, srv.URL())
+	deadline := time.Now().Add(30 * time.Second)
+	for queuedFor(t, q, key) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never queued in the server")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	q.Close()
+	srv.Kill(t)
+	select {
+	case r := <-got:
+		t.Fatalf("AcquireWait returned while the server was down: %d, %v", r.tok, r.err)
+	default:
+	}
+	srv.Restart(t)
+	grantedAfterRestart(t, got, tok, "AcquireWait")
+}
+
+// crashResult is the outcome of a wait made across a server crash.
+type crashResult struct {
+	tok uint64
+	err error
+}
+
+// grantedAfterRestart checks that the wait whose outcome comes on got is
+// granted, within 30s of the restart, a token above the crashed holder's.
+func grantedAfterRestart(t *testing.T, got <-chan crashResult, holder uint64, what string) {
+	t.Helper()
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("%s across the crash: %v", what, r.err)
+		}
+		if r.tok <= holder {
+			t.Fatalf("token %d after the crash not above the holder's %d", r.tok, holder)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s not granted within 30s of the restart", what)
+	}
+}
+
+// A permit wait in advisory mode (a semaphore's Acquire, retried on the
+// permit wait schedule) goes on through a crash and restart of the server
+// once it has reached the server, as AcquireWait does.
+func TestPermitWaitAcrossCrash(t *testing.T) {
+	srv := pgtest.Start(t)
+	a, b := openT(t, srv.URL()), openT(t, srv.URL())
+	key := fmt.Sprintf("crashpermit/%d", time.Now().UnixNano())
+	tok, err := a.AcquireShared(ctxFor(t, 30*time.Second), key, sreq(driver.SharedPermit, "holder", time.Minute, 1, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan crashResult, 1)
+	go func() {
+		tok, err := b.AcquireShared(ctxFor(t, 60*time.Second), key, sreq(driver.SharedPermit, "waiter", time.Minute, 1, true))
+		got <- crashResult{tok, err}
+	}()
+	// Both the holder's and the waiter's sessions have run the permit
+	// statement: the wait has reached the server.
+	q := poolT(t, srv.URL())
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := q.QueryRow(ctxFor(t, 30*time.Second), `SELECT count(*) FROM pg_stat_activity
+			WHERE pid <> pg_backend_pid() AND query LIKE '%SELECT t.ok, t.tok%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter's attempt never reached the server")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	q.Close()
+	srv.Kill(t)
+	srv.Restart(t)
+	grantedAfterRestart(t, got, tok, "permit wait")
+}

@@ -58,13 +58,13 @@ func (l *advisoryLocker) Inspect(ctx context.Context, key string) (driver.Info, 
 		}
 		info.Remaining = max(rem, time.Millisecond)
 	}
-	if s := l.peekSlot(key); s != nil {
+	if s := l.peekSlot(mutexID(key)); s != nil {
 		s.mu.Lock()
 		if s.h != nil && s.h.token == token {
 			info.Owner = s.h.owner
 		}
 		s.mu.Unlock()
-		l.putSlot(key, s)
+		l.putSlot(mutexID(key), s)
 	}
 	return info, nil
 }

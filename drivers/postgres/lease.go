@@ -43,8 +43,10 @@ type leaseLocker struct {
 	ns      string
 	table   string
 	sql     leaseStatements
+	shsql   sharedLeaseStatements
 	mode    []any // prepended to every statement's arguments
 	pooler  bool  // the connection goes through a pooler
+	retries int   // see leaseRetries
 
 	ctx    context.Context // done once Close begins
 	cancel context.CancelFunc
@@ -53,7 +55,9 @@ type leaseLocker struct {
 	closed bool
 	ops    sync.WaitGroup
 	lis    *listener // started by the first subscribe
+	clis   *listener // started by the first watchChanges: releases and grants
 	bg     sync.WaitGroup
+	ren    leaseRenewer // batches Refresh (lease_renew.go)
 }
 
 // openLease opens a lease-mode Locker on a pool of its own.
@@ -74,9 +78,10 @@ func openLease(ctx context.Context, c *config) (*leaseLocker, error) {
 func newLease(ctx context.Context, pool *pgxpool.Pool, c *config) (*leaseLocker, error) {
 	r, err := setup(ctx, pool, c.schema, true)
 	if err != nil {
-		return nil, err
+		return nil, withMode(err, ModeLease, pool.Config().MaxConns)
 	}
-	l := &leaseLocker{pool: pool, ns: c.namespace, table: r.table, sql: buildLeaseStatements(r.table, r.seq), pooler: r.pooler}
+	l := &leaseLocker{pool: pool, ns: c.namespace, table: r.table, sql: buildLeaseStatements(r.table, r.seq), shsql: buildSharedLeaseStatements(c.schema, r.shared), pooler: r.pooler}
+	l.retries = leaseRetries(pool)
 	if r.pooler {
 		// A transaction-mode pooler may run each statement on another
 		// server session: no named prepared statements.
@@ -120,10 +125,14 @@ func (l *leaseLocker) Capabilities() driver.Capabilities {
 	return driver.Capabilities{MinTTL: time.Millisecond, TTLGranularity: time.Millisecond, DurableTokens: true}
 }
 
-// Lease statements are retried at once on a fresh connection when the
-// pooled one turns out broken (the server restarted, the backend was
-// terminated), up to this many times.
-const leaseRetries = 8
+// leaseRetries is how many times a lease statement is retried at once on
+// another connection when the pooled one turns out broken (the server
+// restarted, the backend was terminated, the connections were reset): one
+// more than the pool can hold, since a reset can break every pooled
+// connection at once and the pool hands each one out before it finds out.
+func leaseRetries(pool *pgxpool.Pool) int {
+	return int(pool.Config().MaxConns) + 1
+}
 
 // retryable reports an error after which a statement may be sent again on
 // another connection: the session broke, so the statement either never ran
@@ -159,9 +168,13 @@ func (l *leaseLocker) Acquire(ctx context.Context, key, owner string, ttl time.D
 	// grant that arrives once ctx is done is undone here.
 	qctx, qcancel := outlive(ctx, cancelGrace)
 	defer qcancel()
+	stmt := l.sql.acquire
+	if announced(key) {
+		stmt = l.sql.acquireNotify
+	}
 	for tries := 0; ; tries++ {
 		var tok, rem *int64
-		err := l.pool.QueryRow(qctx, l.sql.acquire, l.args(id, []byte(key), []byte(owner), ms)...).Scan(&tok, &rem)
+		err := l.pool.QueryRow(qctx, stmt, l.args(id, []byte(key), []byte(owner), ms)...).Scan(&tok, &rem)
 		switch {
 		case err == nil && tok != nil && ctx.Err() != nil:
 			payload := hex.EncodeToString(id)
@@ -180,7 +193,7 @@ func (l *leaseLocker) Acquire(ctx context.Context, key, owner string, ttl time.D
 			return 0, &driver.HeldError{Remaining: r}
 		case errors.Is(err, pgx.ErrNoRows):
 			return 0, &driver.HeldError{}
-		case retryable(err) && ctx.Err() == nil && tries < leaseRetries:
+		case retryable(err) && ctx.Err() == nil && tries < l.retries:
 			continue
 		}
 		return 0, l.fail(ctx, "acquire", sqlError(unavailable(err)))
@@ -188,7 +201,10 @@ func (l *leaseLocker) Acquire(ctx context.Context, key, owner string, ttl time.D
 }
 
 // Refresh resets the TTL of the lock owner holds, through any leaseLocker:
-// one owner-checked statement that never revives an expired row.
+// owner-checked, and never reviving an expired row. Refreshes that fall
+// due together share one statement on a connection reserved for renewals
+// (see lease_renew.go), so they never wait for a pooled connection behind
+// acquires; each gets its own answer.
 //
 // Errors wrap driver.ErrInvalid, driver.ErrNotHeld, driver.ErrUnavailable,
 // driver.ErrClosed or ctx.Err().
@@ -202,17 +218,12 @@ func (l *leaseLocker) Refresh(ctx context.Context, key, owner string, ttl time.D
 		return err
 	}
 	defer done()
-	id := leaseID(l.ns, key)
-	for tries := 0; ; tries++ {
-		tag, err := l.pool.Exec(ctx, l.sql.refresh, l.args(id, []byte(owner), ms)...)
-		switch {
-		case err == nil && tag.RowsAffected() == 1:
-			return nil
-		case err == nil:
-			return notHeld("refresh", key)
-		case retryable(err) && ctx.Err() == nil && tries < leaseRetries:
-			continue
-		}
+	switch err := l.renew(ctx, leaseID(l.ns, key), []byte(owner), ms); {
+	case err == nil:
+		return nil
+	case errors.Is(err, errBatchNotHeld):
+		return notHeld("refresh", key)
+	default:
 		return l.fail(ctx, "refresh", sqlError(unavailable(err)))
 	}
 }
@@ -242,7 +253,7 @@ func (l *leaseLocker) Release(ctx context.Context, key, owner string) error {
 			return nil
 		case errors.Is(err, pgx.ErrNoRows):
 			return notHeld("release", key)
-		case (sessionKilled(err) || pgconn.SafeToRetry(err)) && ctx.Err() == nil && tries < leaseRetries:
+		case (sessionKilled(err) || pgconn.SafeToRetry(err)) && ctx.Err() == nil && tries < l.retries:
 			// The statement did not run: try another connection.
 			continue
 		}
@@ -268,7 +279,7 @@ func (l *leaseLocker) Inspect(ctx context.Context, key string) (driver.Info, err
 	var tok, rem int64
 	for tries := 0; ; tries++ {
 		err = l.pool.QueryRow(ctx, l.sql.inspect, l.args(leaseID(l.ns, key))...).Scan(&owner, &tok, &rem)
-		if err == nil || !retryable(err) || ctx.Err() != nil || tries >= leaseRetries {
+		if err == nil || !retryable(err) || ctx.Err() != nil || tries >= l.retries {
 			break
 		}
 	}
@@ -306,15 +317,18 @@ func (l *leaseLocker) Close() error {
 		return nil
 	}
 	l.closed = true
-	lis := l.lis
-	l.lis = nil
+	lis, clis := l.lis, l.clis
+	l.lis, l.clis = nil, nil
 	l.mu.Unlock()
 	l.cancel()
 	l.ops.Wait()
-	if lis != nil {
-		lis.close()
+	for _, s := range []*listener{lis, clis} {
+		if s != nil {
+			s.close()
+		}
 	}
 	l.bg.Wait()
+	l.closeRenewConn()
 	if l.ownPool {
 		l.pool.Close()
 	}
@@ -336,6 +350,7 @@ func (l *leaseLocker) sweeper(interval, age time.Duration) {
 		}
 		ctx, cancel := context.WithTimeout(l.ctx, interval)
 		_, _ = l.sweep(ctx, age)
+		_, _ = l.sweepShared(ctx, age)
 		cancel()
 	}
 }
@@ -375,7 +390,7 @@ func (l *leaseLocker) fail(ctx context.Context, op string, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("postgres: %s: %w", op, context.Cause(ctx))
 	}
-	return fmt.Errorf("postgres: %s: %w", op, err)
+	return fmt.Errorf("postgres: %s: %w", op, withMode(err, ModeLease, l.pool.Config().MaxConns))
 }
 
 // checkCall validates the arguments of a call and returns the TTL in ms.

@@ -12,9 +12,12 @@ import (
 // LeaseTableName is the name of the lease table in the schema (lease mode).
 const LeaseTableName = "locker_leases"
 
-// leaseChannel is the NOTIFY channel a release is announced on; the payload
-// is the key's id in hex.
-const leaseChannel = "locker_lease"
+// leaseChannel is the NOTIFY channel a release is announced on, and
+// leaseGrantChannel the one a grant is; the payload is the key's id in hex.
+const (
+	leaseChannel      = "locker_lease"
+	leaseGrantChannel = "locker_lease_grant"
+)
 
 // leaseTableDDL creates the lease table. id is the key's hash (see leaseID),
 // the primary key and the only index: every update changes only columns no
@@ -73,8 +76,11 @@ SELECT coalesce((SELECT array_agg(a.attname || ' ' || format_type(a.atttypid, a.
 // leaseStatements are the SQL texts of a leaseLocker, built once for its
 // table and sequence.
 type leaseStatements struct {
-	acquire, refresh, release, inspect, sweep string
+	acquire, acquireNotify, refresh, refreshBatch, release, inspect, sweep string
 }
+
+// leaseGrantNotify is GRANTED in acquireNotify: one NOTIFY per grant.
+const leaseGrantNotify = `, LATERAL (SELECT pg_notify('` + leaseGrantChannel + `', encode($1::bytea, 'hex'))) n`
 
 // durable, evaluated in a statement that writes, makes its commit flush
 // the WAL even where synchronous_commit is off (raising it to "local" for
@@ -95,7 +101,10 @@ const durable = `left(set_config('synchronous_commit', CASE current_setting('syn
 // branch reports how long the holder has left. The row it reads is the one
 // visible when the statement started: a holder that inserted the row while
 // this statement waited for it is not visible, and the statement then
-// returns no row at all (held, remaining unknown).
+// returns no row at all (held, remaining unknown). GRANTED is empty, or,
+// in the statement for election keys (acquireNotify), announces the grant
+// on leaseGrantChannel when the transaction commits, for the key's
+// observers (WatchChanges); waiters do not listen to it.
 //
 // Parameters: $1 id, $2 key, $3 owner (bytea: keys and owners are any
 // bytes), $4 TTL in ms.
@@ -112,7 +121,7 @@ WITH up AS (
 	WHERE l.expires_at <= clock_timestamp() OR l.owner = excluded.owner
 	RETURNING l.token
 )
-SELECT token, NULL::bigint FROM up
+SELECT token, NULL::bigint FROM up GRANTED
 UNION ALL
 SELECT NULL, ceil(extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
 FROM TABLE h WHERE h.id = $1 AND NOT EXISTS (SELECT FROM up)`
@@ -150,10 +159,12 @@ func buildLeaseStatements(table, seq string) leaseStatements {
 	lit := "'" + strings.ReplaceAll(seq, "'", "''") + "'"
 	r := strings.NewReplacer("TABLE", table, "SEQ", lit, "DURABLE", durable)
 	return leaseStatements{
-		acquire: r.Replace(leaseAcquireSQL),
-		refresh: r.Replace(leaseRefreshSQL),
-		release: r.Replace(leaseReleaseSQL),
-		inspect: r.Replace(leaseInspectSQL),
-		sweep:   r.Replace(leaseSweepSQL),
+		acquire:       r.Replace(strings.ReplaceAll(leaseAcquireSQL, "GRANTED", "")),
+		acquireNotify: r.Replace(strings.ReplaceAll(leaseAcquireSQL, "GRANTED", leaseGrantNotify)),
+		refresh:       r.Replace(leaseRefreshSQL),
+		refreshBatch:  r.Replace(leaseRefreshBatchSQL),
+		release:       r.Replace(leaseReleaseSQL),
+		inspect:       r.Replace(leaseInspectSQL),
+		sweep:         r.Replace(leaseSweepSQL),
 	}
 }

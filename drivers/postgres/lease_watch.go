@@ -2,9 +2,11 @@ package postgres
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -46,6 +48,41 @@ func (l *leaseLocker) subscribe(ctx context.Context, key string) (<-chan struct{
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("postgres: subscribe: %w", err)
 	}
+	return l.subscribeID(ctx, leaseID(l.ns, key))
+}
+
+// subscribeID is subscribe for the lease table row id (of either table).
+func (l *leaseLocker) subscribeID(ctx context.Context, id []byte) (<-chan struct{}, func(), error) {
+	return l.listen(ctx, &l.lis, id, leaseChannel)
+}
+
+// subscribeShared is subscribe for a shared lock's waiter: its channel
+// receives a value when a change of the lock (the shared table's row id)
+// names owner in a targeted wake-up (see sharedWakePayload), and also on a
+// notification of the whole lock, which clients of earlier versions send
+// on release.
+func (l *leaseLocker) subscribeShared(ctx context.Context, id []byte, owner string) (<-chan struct{}, func(), error) {
+	return l.listenPayloads(ctx, &l.lis, []string{hex.EncodeToString(id), sharedWakePayload(id, owner)}, leaseChannel)
+}
+
+// sharedWakePayload is the NOTIFY payload that wakes owner's wait for the
+// shared lock id: the hex of id, a colon, and the hex of the first 8 bytes
+// of owner's SHA-256 (the shared table's wake function makes the same),
+// so that payloads keep a fixed length and owner's bytes stay opaque.
+func sharedWakePayload(id []byte, owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return hex.EncodeToString(id) + ":" + hex.EncodeToString(sum[:8])
+}
+
+// listen registers a wake-up channel for id with the listener *lis, started
+// (LISTENing on channels) if it is not yet.
+func (l *leaseLocker) listen(ctx context.Context, lis **listener, id []byte, channels ...string) (<-chan struct{}, func(), error) {
+	return l.listenPayloads(ctx, lis, []string{hex.EncodeToString(id)}, channels...)
+}
+
+// listenPayloads registers one wake-up channel for each of payloads with
+// the listener *lis, started (LISTENing on channels) if it is not yet.
+func (l *leaseLocker) listenPayloads(ctx context.Context, lis **listener, payloads []string, channels ...string) (<-chan struct{}, func(), error) {
 	if l.pooler {
 		return nil, nil, errListenPooler
 	}
@@ -54,45 +91,53 @@ func (l *leaseLocker) subscribe(ctx context.Context, key string) (<-chan struct{
 		l.mu.Unlock()
 		return nil, nil, driver.ErrClosed
 	}
-	lis := l.lis
-	if lis == nil {
-		lis = l.newListener()
-		l.lis = lis
+	s := *lis
+	if s == nil {
+		s = l.newListener(channels)
+		*lis = s
 	}
 	l.mu.Unlock()
-	payload := hex.EncodeToString(leaseID(l.ns, key))
 	ch := make(chan struct{}, 1)
-	cancel := lis.add(payload, ch)
+	cancels := make([]func(), len(payloads))
+	for i, p := range payloads {
+		cancels[i] = s.add(p, ch)
+	}
+	cancel := func() {
+		for _, c := range cancels {
+			c()
+		}
+	}
 	select {
-	case <-lis.tried:
+	case <-s.tried:
 		return ch, cancel, nil
 	case <-ctx.Done():
 		cancel()
 		return nil, nil, fmt.Errorf("postgres: subscribe: %w", ctx.Err())
-	case <-lis.done:
+	case <-s.done:
 		cancel()
 		return nil, nil, driver.ErrClosed
 	}
 }
 
-// listener is the LISTEN connection of a leaseLocker and its subscribers.
+// listener is a LISTEN connection of a leaseLocker and its subscribers.
 type listener struct {
-	cfg    *pgconn.Config
-	cancel context.CancelFunc
-	tried  chan struct{} // closed after the first connection attempt
-	done   chan struct{} // closed when run returns
+	cfg      *pgconn.Config
+	channels []string // LISTENed to; a notification on any wakes its payload's subscribers
+	cancel   context.CancelFunc
+	tried    chan struct{} // closed after the first connection attempt
+	done     chan struct{} // closed when run returns
 
 	mu   sync.Mutex
 	subs map[string]map[chan struct{}]struct{} // by payload
 }
 
-func (l *leaseLocker) newListener() *listener {
+func (l *leaseLocker) newListener(channels []string) *listener {
 	ctx, cancel := context.WithCancel(l.ctx)
-	s := &listener{cancel: cancel, tried: make(chan struct{}), done: make(chan struct{}),
+	s := &listener{channels: channels, cancel: cancel, tried: make(chan struct{}), done: make(chan struct{}),
 		subs: map[string]map[chan struct{}]struct{}{}}
 	s.cfg = l.pool.Config().ConnConfig.Config.Copy()
 	s.cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
-		if n.Channel == leaseChannel {
+		if slices.Contains(s.channels, n.Channel) {
 			s.wake(n.Payload)
 		}
 	}
@@ -156,8 +201,10 @@ func (s *listener) run(ctx context.Context) {
 	delay := listenRetryMin
 	for {
 		conn, err := pgconn.ConnectConfig(ctx, s.cfg)
-		if err == nil {
-			_, err = conn.Exec(ctx, `LISTEN `+leaseChannel).ReadAll()
+		for _, c := range s.channels {
+			if err == nil {
+				_, err = conn.Exec(ctx, `LISTEN `+c).ReadAll()
+			}
 		}
 		if first {
 			first = false

@@ -29,11 +29,15 @@ func noWake(t *testing.T, ch <-chan struct{}, what string) {
 }
 
 // listeners counts the server sessions LISTENing for releases.
-func listeners(t *testing.T, url string) int {
+func listeners(t *testing.T, url string) int { return listenersOn(t, url, leaseChannel) }
+
+// listenersOn counts the server sessions whose last statement was LISTEN
+// channel.
+func listenersOn(t *testing.T, url, channel string) int {
 	t.Helper()
 	var n int
 	err := poolT(t, url).QueryRow(ctxFor(t, 30*time.Second),
-		`SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN `+leaseChannel+`'`).Scan(&n)
+		`SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN `+channel+`'`).Scan(&n)
 	if err != nil {
 		t.Fatal(err)
 	}

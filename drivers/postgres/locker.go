@@ -320,6 +320,7 @@ func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (f
 const (
 	leaseWaitMin      = 5 * time.Millisecond   // first retry delay without notifications
 	leaseWaitMax      = 500 * time.Millisecond // cap of that delay
+	leaseHeadWaitMax  = 50 * time.Millisecond  // the cap for the first waiter of a shared lock's queue
 	leaseWaitFallback = 2 * time.Second        // longest wait for a notification
 	leaseExpirySlack  = 2 * time.Millisecond   // added to the holder's remaining TTL
 )
@@ -329,13 +330,40 @@ func (l *leaseLocker) acquireWait(ctx context.Context, key, owner string, ttl ti
 	ctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	defer context.AfterFunc(l.ctx, func() { stop(driver.ErrClosed) })()
-	wake, cancel, err := l.subscribe(ctx, key)
+	if key == "" {
+		return 0, fmt.Errorf("postgres: empty key: %w", driver.ErrInvalid)
+	}
+	attempt := func() (uint64, error) { return l.Acquire(ctx, key, owner, ttl) }
+	sub := func(ctx context.Context) (<-chan struct{}, func(), error) {
+		return l.subscribeID(ctx, leaseID(l.ns, key))
+	}
+	return l.waitFor(ctx, sub, attempt, func(inAttempt bool) {
+		if inAttempt {
+			l.releaseAfterWait(key, owner)
+		}
+	})
+}
+
+// waitFor is a lease-mode wait for a row (of either table): it makes
+// attempt until it grants, fails with an error other than a refusal or
+// ErrUnavailable, or ctx ends, retrying when the wake-up subscribed to with
+// sub fires, just after the holder's remaining TTL (unless the refusal is
+// a behindInQueue and wake-ups work: the waiters ahead are woken first,
+// and they wake those behind them), and at the latest every
+// leaseWaitFallback (on a backoff from leaseWaitMin to leaseWaitMax
+// without notifications or while the server cannot be reached; to
+// leaseHeadWaitMax for the first waiter of a shared lock's queue, whom the
+// waiters behind it wait for). When it
+// gives up it calls giveUp, telling whether ctx ended during an attempt.
+func (l *leaseLocker) waitFor(ctx context.Context, sub func(context.Context) (<-chan struct{}, func(), error),
+	attempt func() (uint64, error), giveUp func(inAttempt bool)) (uint64, error) {
+	wake, cancel, err := sub(ctx)
 	switch {
 	case err == nil:
 		defer cancel()
 	case ctx.Err() != nil:
 		return 0, err
-	case errors.Is(err, driver.ErrClosed) || errors.Is(err, driver.ErrInvalid):
+	case errors.Is(err, driver.ErrClosed):
 		return 0, err
 	default:
 		wake = nil // no notifications (a pooler): retry on the schedule
@@ -344,30 +372,36 @@ func (l *leaseLocker) acquireWait(ctx context.Context, key, owner string, ttl ti
 	var lastErr error
 	for {
 		drainWake(wake)
-		tok, err := l.Acquire(ctx, key, owner, ttl)
+		tok, err := attempt()
 		var held *driver.HeldError
 		wait := leaseWaitFallback
 		switch {
 		case err == nil:
 			return tok, nil
 		case ctx.Err() != nil:
-			l.releaseAfterWait(key, owner)
+			giveUp(true)
 			return 0, l.waitEnded(ctx, lastErr)
 		case errors.As(err, &held):
 			if wake == nil {
-				wait = delay
-				delay = min(2*delay, leaseWaitMax)
+				limit := leaseWaitMax
+				if errors.As(err, new(firstInQueue)) {
+					limit = leaseHeadWaitMax
+				}
+				wait = min(delay, limit)
+				delay = min(2*delay, limit)
 			}
-			if r := held.Remaining; r > 0 && r+leaseExpirySlack < wait {
+			if r := held.Remaining; r > 0 && r+leaseExpirySlack < wait && (wake == nil || !errors.As(err, new(behindInQueue))) {
 				wait = r + leaseExpirySlack
 			}
 		case errors.Is(err, driver.ErrUnavailable):
 			lastErr, wait = err, delay
 			delay = min(2*delay, leaseWaitMax)
 		default:
+			giveUp(false)
 			return 0, err
 		}
 		if !sleepWake(ctx, wake, wait) {
+			giveUp(false)
 			return 0, l.waitEnded(ctx, lastErr)
 		}
 	}
@@ -416,4 +450,33 @@ func drainWake(wake <-chan struct{}) {
 			return
 		}
 	}
+}
+
+// WatchChanges implements driver.ChangeWatcher.
+//
+// In lease mode every grant of an election's key (under
+// locker.ElectionPrefix: an insert, or a takeover of an expired row) and
+// every release is announced with NOTIFY when its statement commits,
+// and a listener connection of this Locker (one for all its watches,
+// opened by the first, outside the pool so that it takes none of its
+// connections) LISTENs for them: changed is called within a round trip of
+// the commit. An expiry is not announced. After the listener reconnects,
+// changed is called once. Behind a pooler LISTEN does not work, and it
+// returns an error saying so, matching errors.ErrUnsupported; for a key
+// outside locker.ElectionPrefix,
+// whose grants are not announced (a NOTIFY serializes the commits that
+// send one, which plain locks need not pay), it returns an error matching
+// errors.ErrUnsupported.
+//
+// In advisory mode a lock changes hands in the server's lock manager, which
+// announces nothing: it returns an error matching errors.ErrUnsupported.
+//
+// Errors also: driver.ErrInvalid for an empty key, driver.ErrClosed,
+// ctx.Err() if ctx ends before the listener's first connection attempt
+// has finished.
+func (l *Locker) WatchChanges(ctx context.Context, key string, changed func()) (func(), error) {
+	if l.lease != nil {
+		return l.lease.watchChanges(ctx, key, changed)
+	}
+	return nil, fmt.Errorf("postgres: advisory mode announces no grants or releases: %w", errors.ErrUnsupported)
 }

@@ -73,6 +73,7 @@ type advisoryLocker struct {
 	ownPool bool
 	ns      string
 	sql     statements
+	shsql   sharedStatements
 
 	ctx    context.Context // done once Close begins
 	cancel context.CancelFunc
@@ -80,11 +81,22 @@ type advisoryLocker struct {
 	mu        sync.Mutex
 	closed    bool
 	ops       sync.WaitGroup
-	slots     map[string]*slot
+	slots     map[slotID]*slot
 	watcher   *sessionWatcher // started by the first WatchHold
 	prober    *sessionProber  // started by the first WatchHold
 	listeners uint64          // last WatchHold listener id
+	pwake     chan struct{}   // closed (and replaced) when a permit is released here
 }
+
+// slotID names a slot: a mutex's key (kind 0), or a shared hold's kind
+// ('s' permit, 'r' read-write lock), key and owner.
+type slotID struct {
+	kind       byte
+	key, owner string
+}
+
+// mutexID is the slotID of the mutex on key.
+func mutexID(key string) slotID { return slotID{key: key} }
 
 // slot is the per-key state of a Locker.
 type slot struct {
@@ -116,7 +128,7 @@ func openAdvisory(ctx context.Context, c *config) (*advisoryLocker, error) {
 func newPool(ctx context.Context, c *config) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, c.pool)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", unavailable(err))
+		return nil, fmt.Errorf("postgres: %w", withMode(unavailable(err), c.mode, c.pool.MaxConns))
 	}
 	return pool, nil
 }
@@ -124,9 +136,9 @@ func newPool(ctx context.Context, c *config) (*pgxpool.Pool, error) {
 func newAdvisory(ctx context.Context, pool *pgxpool.Pool, c *config) (*advisoryLocker, error) {
 	r, err := setup(ctx, pool, c.schema, false)
 	if err != nil {
-		return nil, err
+		return nil, withMode(err, ModeAdvisory, pool.Config().MaxConns)
 	}
-	l := &advisoryLocker{pool: pool, ns: c.namespace, sql: buildStatements(r.seq), slots: map[string]*slot{}}
+	l := &advisoryLocker{pool: pool, ns: c.namespace, sql: buildStatements(r.seq), shsql: buildSharedStatements(r.seq), slots: map[slotID]*slot{}}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	return l, nil
 }
@@ -137,7 +149,7 @@ func newAdvisory(ctx context.Context, pool *pgxpool.Pool, c *config) (*advisoryL
 // belongs to the session, so only the Locker that took it can refresh or
 // release it.
 func (l *advisoryLocker) Capabilities() driver.Capabilities {
-	return driver.Capabilities{MinTTL: 10 * time.Millisecond, TTLGranularity: time.Millisecond, DurableTokens: true, LockerBound: true}
+	return driver.Capabilities{MinTTL: 10 * time.Millisecond, TTLGranularity: time.Millisecond, DurableTokens: true, LockerBound: true, MaxOwner: maxOwnerTag, OwnerASCII: true}
 }
 
 // Ping makes one round trip to the server on a pooled connection. It returns
@@ -174,7 +186,7 @@ func (l *advisoryLocker) Close() error {
 	l.ops.Wait()
 	l.mu.Lock()
 	slots := l.slots
-	l.slots = map[string]*slot{}
+	l.slots = map[slotID]*slot{}
 	l.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, s := range slots {
@@ -235,11 +247,11 @@ func (l *advisoryLocker) fail(ctx context.Context, op string, err error) error {
 			return fmt.Errorf("postgres: %s: %w", op, cause)
 		}
 	}
-	return fmt.Errorf("postgres: %s: %w", op, err)
+	return fmt.Errorf("postgres: %s: %w", op, withMode(err, ModeAdvisory, l.pool.Config().MaxConns))
 }
 
 // getSlot returns key's slot, creating it, and counts a reference.
-func (l *advisoryLocker) getSlot(key string) *slot {
+func (l *advisoryLocker) getSlot(key slotID) *slot {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.slots[key]
@@ -252,7 +264,7 @@ func (l *advisoryLocker) getSlot(key string) *slot {
 }
 
 // peekSlot returns key's slot with a reference, or nil.
-func (l *advisoryLocker) peekSlot(key string) *slot {
+func (l *advisoryLocker) peekSlot(key slotID) *slot {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.slots[key]
@@ -264,7 +276,7 @@ func (l *advisoryLocker) peekSlot(key string) *slot {
 
 // putSlot drops a reference; the slot is forgotten once unreferenced and
 // empty.
-func (l *advisoryLocker) putSlot(key string, s *slot) {
+func (l *advisoryLocker) putSlot(key slotID, s *slot) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s.refs--

@@ -19,6 +19,7 @@ const setupKeyName = "setup"
 type setupResult struct {
 	seq    string // the sequence, quoted and schema-qualified
 	table  string // lease mode: the lease table, quoted and schema-qualified
+	shared string // lease mode: the shared table, quoted and schema-qualified
 	pooler bool   // lease mode: the connection goes through a pooler
 }
 
@@ -31,6 +32,7 @@ func setup(ctx context.Context, pool *pgxpool.Pool, schema string, lease bool) (
 	st.res.seq = pgx.Identifier{schema, SequenceName}.Sanitize()
 	if lease {
 		st.res.table = pgx.Identifier{schema, LeaseTableName}.Sanitize()
+		st.res.shared = pgx.Identifier{schema, SharedTableName}.Sanitize()
 		st.mode = []any{pgx.QueryExecModeExec}
 	}
 	conn, err := pool.Acquire(ctx)
@@ -109,22 +111,29 @@ func (st *setupCall) create(ctx context.Context, conn *pgxpool.Conn, role string
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, st.args(AdvisoryKey("locker-setup", setupKeyName))...); err != nil {
 			return err
 		}
-		var seqExists, tableExists bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, $2::text <> '' AND to_regclass($2) IS NOT NULL`,
-			st.args(st.res.seq, st.res.table)...).Scan(&seqExists, &tableExists); err != nil {
+		var seqExists, tableExists, sharedExists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, $2::text <> '' AND to_regclass($2) IS NOT NULL,
+			$3::text <> '' AND to_regclass($3) IS NOT NULL AND to_regproc($4) IS NOT NULL`,
+			st.args(st.res.seq, st.res.table, st.res.shared, sharedFuncNames(st.schema)[1])...).Scan(&seqExists, &tableExists, &sharedExists); err != nil {
 			return err
 		}
-		if seqExists && (!st.lease || tableExists) {
+		if seqExists && (!st.lease || tableExists && sharedExists) {
 			return nil
 		}
-		return st.createMissing(ctx, tx, seqExists, tableExists)
+		if err := st.createMissing(ctx, tx, seqExists, tableExists); err != nil {
+			return err
+		}
+		if st.lease && !sharedExists {
+			return st.createShared(ctx, tx)
+		}
+		return nil
 	})
 	if err == nil {
 		return nil
 	}
 	what := "sequence " + st.res.seq
 	if st.lease {
-		what += " and lease table " + st.res.table
+		what += ", lease table " + st.res.table + " and shared table " + st.res.shared
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
@@ -153,6 +162,17 @@ func (st *setupCall) createMissing(ctx context.Context, tx pgx.Tx, seqExists, ta
 	}
 	if st.lease && !tableExists {
 		if _, err := tx.Exec(ctx, leaseTableDDL(st.res.table), st.mode...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// createShared creates, in tx, the shared table and its functions (also in
+// a schema made by an earlier version, which lacks them).
+func (st *setupCall) createShared(ctx context.Context, tx pgx.Tx) error {
+	for _, ddl := range append([]string{sharedTableDDL(st.res.shared), sharedTableUpgrade(st.res.shared)}, sharedFuncs(st.schema, st.res.shared, st.res.seq)...) {
+		if _, err := tx.Exec(ctx, ddl, st.mode...); err != nil {
 			return err
 		}
 	}
@@ -193,12 +213,18 @@ func setupDDL(schema, seq, table, role string) string {
 	sch := pgx.Identifier{schema}.Sanitize()
 	r := pgx.Identifier{role}.Sanitize()
 	s := `CREATE SCHEMA IF NOT EXISTS ` + sch + `; ` + sequenceDDL(seq) + `;`
+	shared := pgx.Identifier{schema, SharedTableName}.Sanitize()
 	if table != "" {
-		s += ` ` + leaseTableDDL(table) + `;`
+		s += ` ` + leaseTableDDL(table) + `; ` + sharedTableDDL(shared) + `; ` + sharedTableUpgrade(shared) + `;`
+		for _, f := range sharedFuncs(schema, shared, seq) {
+			s += ` ` + f + `;`
+		}
 	}
 	s += ` GRANT USAGE ON SCHEMA ` + sch + ` TO ` + r + `; GRANT USAGE ON SEQUENCE ` + seq + ` TO ` + r + `;`
 	if table != "" {
-		s += ` GRANT SELECT, INSERT, UPDATE, DELETE ON ` + table + ` TO ` + r + `;`
+		for _, t := range []string{table, shared} {
+			s += ` GRANT SELECT, INSERT, UPDATE, DELETE ON ` + t + ` TO ` + r + `;`
+		}
 	}
 	return s
 }
@@ -222,7 +248,7 @@ func unavailable(err error) error {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "53300" {
-		return fmt.Errorf("%w: server has no free connection slots (max_connections; every held lock takes one): %w", driver.ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", driver.ErrUnavailable, &SlotsError{Err: err})
 	}
 	return fmt.Errorf("%w: connect: %w", driver.ErrUnavailable, err)
 }

@@ -41,7 +41,7 @@ func (l *advisoryLocker) WatchHold(key, owner string, token uint64, lost func(er
 		return nil, driver.ErrClosed
 	}
 	var h *hold
-	if s := l.slots[key]; s != nil {
+	if s := l.slots[mutexID(key)]; s != nil {
 		h = s.cur
 	}
 	if h == nil || h.owner != owner || h.token != token || h.gone {
@@ -127,11 +127,11 @@ func (l *advisoryLocker) sessionGone(h *hold, cause error) {
 	l.mu.Unlock()
 	go func() {
 		defer l.ops.Done()
-		s := l.peekSlot(h.key)
+		s := l.peekSlot(mutexID(h.key))
 		if s == nil {
 			return
 		}
-		defer l.putSlot(h.key, s)
+		defer l.putSlot(mutexID(h.key), s)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.h == h {

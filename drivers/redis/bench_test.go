@@ -461,7 +461,7 @@ func benchHandoff(b *testing.B, servers []*redistest.Server, dsn string, contend
 
 // BenchmarkQueue: separate Lockers (as separate processes) contending
 // for one key, 5ms hold, with the fair queue (the default) and barging
-// (fair=false); see drivertest.Contention for the metrics. Run with a fixed
+// (fair=false), then for the permits of a semaphore of 4 (sem4-N); see drivertest.Contention for the metrics. Run with a fixed
 // count, e.g. -benchtime 400x.
 func BenchmarkQueue(b *testing.B) {
 	s := redistest.Start(b)
@@ -475,5 +475,11 @@ func BenchmarkQueue(b *testing.B) {
 				drivertest.Contention(b, s, dsn, procs, 5*time.Millisecond)
 			})
 		}
+	}
+	// A semaphore of 4 under the same contention, in the same run.
+	for _, procs := range []int{8, 32, 64} {
+		b.Run("sem4-"+strconv.Itoa(procs), func(b *testing.B) {
+			drivertest.SemaphoreContention(b, s, s.URL(), procs, 4, 5*time.Millisecond)
+		})
 	}
 }

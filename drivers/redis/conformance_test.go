@@ -62,9 +62,9 @@ func TestConformanceAdopted(t *testing.T) {
 }
 
 // TestConformanceRedlock runs the suite, fault subtests included, on five
-// masters (drivertest.Driver.ConformanceRedlock). node_timeout 200ms:
+// masters (drivertest.Driver.ConformanceRedlock). node_timeout 300ms:
 // generous for a loaded machine under -race.
-func TestConformanceRedlock(t *testing.T) { drv.ConformanceRedlock(t, "node_timeout=200ms") }
+func TestConformanceRedlock(t *testing.T) { drv.ConformanceRedlock(t, "node_timeout=300ms") }
 
 // TestConformanceCluster runs the suite, fault subtests included, on a
 // Cluster of three masters (drivertest.Driver.ConformanceCluster).
@@ -84,7 +84,14 @@ func TestConformanceTLS(t *testing.T) {
 // TestCommandsPerOperation counts, with the servers' MONITOR, the commands
 // each operation sends (drivertest.Commands): one per operation on a single
 // server; on a Redlock over 3 masters, 3 per refresh and release and 6 per
-// acquire (a vote on every node, then the token written back).
+// acquire (a vote on every node, then the token written back); a batch
+// refresh of 3 locks, one per lock and node, in one pipeline per node.
 func TestCommandsPerOperation(t *testing.T) {
 	drivertest.CommandsPerOperation(t, func(addrs ...string) (driver.Locker, error) { return Open(context.Background(), urlOf(addrs...)) })
+}
+
+// A batch refresh falls back to EVAL when the server lost its scripts
+// (drivertest.BatchAfterScriptFlush).
+func TestBatchAfterScriptFlush(t *testing.T) {
+	drivertest.BatchAfterScriptFlush(t, func(addr string) (driver.Locker, error) { return Open(context.Background(), urlOf(addr)) })
 }

@@ -43,6 +43,90 @@ func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args
 	return v, nil
 }
 
+// RunBatch implements rediscore.Conn: one pipeline of EVALSHA (go-redis
+// splits it by node on a Cluster and sends the parts in parallel), then
+// one of EVAL for the calls that got NOSCRIPT.
+func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []rediscore.Call) []rediscore.Reply {
+	out := make([]rediscore.Reply, len(calls))
+	cmds := c.pipeline(ctx, calls, func(p redis.Pipeliner, x rediscore.Call, a []any) *redis.Cmd {
+		return p.EvalSha(ctx, s.SHA, x.Keys, a...)
+	})
+	var retry []int
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			retry = append(retry, i)
+			continue
+		}
+		out[i] = reply(cmd)
+	}
+	if len(retry) == 0 {
+		return out
+	}
+	again := make([]rediscore.Call, len(retry))
+	for j, i := range retry {
+		again[j] = calls[i]
+	}
+	cmds = c.pipeline(ctx, again, func(p redis.Pipeliner, x rediscore.Call, a []any) *redis.Cmd {
+		return p.Eval(ctx, s.Src, x.Keys, a...)
+	})
+	for j, i := range retry {
+		out[i] = reply(cmds[j])
+	}
+	return out
+}
+
+// pipeline queues one command per call, made by cmd, and executes them in
+// one pipeline.
+func (c *conn) pipeline(ctx context.Context, calls []rediscore.Call, cmd func(redis.Pipeliner, rediscore.Call, []any) *redis.Cmd) []*redis.Cmd {
+	p := c.c.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for i, x := range calls {
+		a := make([]any, len(x.Args))
+		for j, v := range x.Args {
+			a[j] = v
+		}
+		cmds[i] = cmd(p, x, a)
+	}
+	if err := wholeErr(p.Exec(ctx)); err != nil {
+		for _, c := range cmds {
+			if c.Err() == nil {
+				c.SetErr(err)
+			}
+		}
+	}
+	return cmds
+}
+
+// wholeErr returns the error of a pipeline's Exec when the pipeline failed
+// as a whole (no connection, say), nil when it ran: Exec then returns the
+// first failed command's own error, and each command carries its own.
+// go-redis does not always set the commands' errors when the pipeline
+// fails as a whole, and a command left without reply or error must not
+// read as an answer (an empty reply would read as "not held").
+func wholeErr(cmds []redis.Cmder, err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, c := range cmds {
+		if c.Err() == err {
+			return nil
+		}
+	}
+	return err
+}
+
+// reply converts one pipelined command's outcome as Run does.
+func reply(cmd *redis.Cmd) rediscore.Reply {
+	v, err := cmd.Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return rediscore.Reply{}
+	case err != nil:
+		return rediscore.Reply{Err: rediscore.MarkUnavailable(err)}
+	}
+	return rediscore.Reply{V: v}
+}
+
 // Ping implements rediscore.Conn.
 func (c *conn) Ping(ctx context.Context) error {
 	return rediscore.MarkUnavailable(c.c.Ping(ctx).Err())

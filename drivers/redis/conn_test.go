@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -39,4 +40,25 @@ func TestConnRun(t *testing.T) {
 	if err := owned.c.Ping(ctx).Err(); err == nil {
 		t.Fatal("Close did not close an owned client")
 	}
+}
+
+// A batch whose pipeline fails as a whole (the server cannot be reached,
+// or a new connection's set-up fails) gives every call an error: no call
+// reads as an answer, which for a refresh would mean "not held".
+func TestConnRunBatchWholeFailure(t *testing.T) {
+	s := redistest.Start(t)
+	calls := []rediscore.Call{{Keys: []string{"locker:{a}", "q"}, Args: []string{"o", "1000", "ch", "w"}}, {Keys: []string{"locker:{b}", "q"}, Args: []string{"o", "1000", "ch", "w"}}}
+	check := func(what string, c *goredis.Client) {
+		t.Helper()
+		defer c.Close()
+		for i, r := range (&conn{c: c}).RunBatch(context.Background(), rediscore.RefreshScript, calls) {
+			if r.Err == nil {
+				t.Fatalf("%s: call %d: reply %v and no error", what, i, r.V)
+			}
+		}
+	}
+	check("set-up fails", goredis.NewClient(&goredis.Options{Addr: s.Addr, MaxRetries: -1,
+		OnConnect: func(context.Context, *goredis.Conn) error { return errors.New("set-up refused") }}))
+	s.Kill()
+	check("server unreachable", goredis.NewClient(&goredis.Options{Addr: s.Addr, MaxRetries: -1}))
 }

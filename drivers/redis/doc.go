@@ -150,7 +150,8 @@
 // Cost: acquire and release stay one EVALSHA each, with nothing added to
 // their round trips. The watch adds one GET of the lock key on its own
 // connection per grant, and one more per renewal, whose invalidation it
-// re-reads. A key granted again at once can take one more: the
+// re-reads; the re-reads that fall due together (the renewals of a batch)
+// go out as one pipeline. A key granted again at once can take one more: the
 // invalidation of the previous release's DEL may arrive after the new grant
 // is watched, and is read rather than guessed stale.
 //
@@ -164,6 +165,11 @@
 // NX PX plus the token; a held key answers with the holder's PTTL, which
 // package locker uses to wake exactly when a crashed holder's lock expires.
 // Refresh compares the owner and PEXPIREs, never reviving an expired key.
+// RefreshBatch (driver.BatchRefresher, through which package locker sends
+// the renewals that fall due together) is one Refresh script per lock, all
+// in one pipeline: one round trip (on a Cluster, one per master, in
+// parallel; under Redlock, one per master, each lock decided on its own
+// quorum), with each lock's own result.
 // Release compares the owner and, unless a waiter is queued (see
 // Fairness), DELetes and PUBLISHes on the channel "<prefix>:{k}".
 //
@@ -238,7 +244,49 @@
 // order: under contention a fast process takes most grants and the server
 // work per handoff grows with the number of waiters (docs/benchmarks.md).
 //
+// # Shared holds
+//
+// Locker implements driver.SharedLocker on a single server, a Cluster and
+// a Sentinel master, so package locker's Semaphore and RWMutex (and
+// locker run --limit) work there; Redlock refuses them (below). The
+// semaphore and the read-write lock on a key k are locks of their own,
+// apart from each other and from the mutex on k: their keys extend the
+// lock key with ":sem" and ":rw" and keep its hash tag, so every key of
+// one lock is in one Cluster slot. Each holder is a lease of its own in a
+// sorted set scored by its expiry on the server's clock (TIME), with its
+// token and mode in a hash beside it; every script first drops the
+// holders whose lease ended, so a crashed holder's permit comes back at
+// its TTL and the others keep theirs. The check of the limit and the grant
+// are one script. Tokens come from the mutex's counter (max(counter+1,
+// TIME µs)), so every grant of a key, mutex, permit, read or write, gets a
+// token above every earlier one. Acquire (when the hold fits or the call
+// does not wait), Refresh, Release and Inspect are one EVALSHA each.
+//
+// A waiting request that does not fit joins a fair queue of the lock, as
+// a mutex waiter does, with its mode, limit and TTL. A release, a waiter
+// leaving, or the next attempt after a lease ended grants the queue from
+// its head while the head fits (a run of readers, one writer,
+// or permits while slots last) and wakes those waiters only, on their
+// Locker's wake channel; the first waiter left behind looks again when
+// the first lease ends. A waiting writer thus blocks every later read
+// (writer preference; a one-shot read behind it gets ErrNotAcquired), and
+// is granted once the holds in force when it arrived end. An owner's
+// request for the hold it has returns the same token with its TTL reset;
+// one that holds the read-write lock in the other mode gets ErrInvalid at
+// once (release the read hold, then ask for the write hold). A wait whose
+// ctx ends leaves the queue, and frees a grant made for it meanwhile,
+// before it returns. Shared waits always queue: fair=false applies to the
+// mutex only.
+//
 // # Redlock
+//
+// Redlock has no shared holds: every SharedLocker call, and package
+// locker's Semaphore and RWMutex, fail before any I/O with an error
+// matching errors.ErrUnsupported that gives the reason
+// (Locker.SharedUnsupported). A limit of n counted on N independent
+// masters is not a limit: two majorities overlap in one master at least,
+// but each master counts its own holders, so different majorities could
+// admit different sets of n holders, more than n in all.
 //
 // With several hosts, each call goes to every master in parallel, each bounded
 // by node_timeout. A grant needs N/2+1 masters and is valid only if

@@ -18,5 +18,5 @@ var (
 // What go doc shows: the Locker's methods, declared here and documented;
 // every Options field documented with its default; no exported alias.
 func TestGoDoc(t *testing.T) {
-	drivertest.CheckGoDoc(t, []string{"Acquire", "AcquireWait", "Capabilities", "Close", "Inspect", "Ping", "Refresh", "Release", "Subscribe", "WatchHold"})
+	drivertest.CheckGoDoc(t, []string{"Acquire", "AcquireShared", "AcquireWait", "Capabilities", "Close", "Inspect", "InspectShared", "Ping", "Refresh", "RefreshBatch", "RefreshShared", "Release", "ReleaseShared", "SharedUnsupported", "Subscribe", "WatchChanges", "WatchHold"})
 }

@@ -55,6 +55,7 @@ func newRoutedTracker(clientFor func(addr string) func(func(context.Context, *re
 	route func(ctx context.Context, lock string) (string, error), prefix string) *tracker {
 	t := &tracker{route: route, nodes: map[string]*nodeTracker{}}
 	t.hold = rediscore.NewHoldWatch(t.read, prefix)
+	t.hold.SetBatchReader(t.readBatch)
 	t.newNode = func(addr string) *nodeTracker {
 		return &nodeTracker{newClient: clientFor(addr), hold: t.hold, ready: make(chan struct{}), done: make(chan struct{})}
 	}
@@ -64,26 +65,64 @@ func newRoutedTracker(clientFor func(addr string) func(func(context.Context, *re
 // read is the HoldWatch's reader: GET of lock on the tracking connection
 // of the server serving it.
 func (t *tracker) read(ctx context.Context, lock string) (string, bool, error) {
+	n, err := t.node(ctx, lock)
+	if err != nil {
+		return "", false, err
+	}
+	return n.read(ctx, lock)
+}
+
+// node returns the nodeTracker of the server serving lock.
+func (t *tracker) node(ctx context.Context, lock string) (*nodeTracker, error) {
 	addr := ""
 	if t.route != nil {
 		a, err := t.route(ctx, lock)
 		if err != nil {
-			return "", false, err
+			return nil, err
 		}
 		addr = a
 	}
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.closed {
-		t.mu.Unlock()
-		return "", false, fmt.Errorf("redis: %w", driver.ErrClosed)
+		return nil, fmt.Errorf("redis: %w", driver.ErrClosed)
 	}
 	n := t.nodes[addr]
 	if n == nil {
 		n = t.newNode(addr)
 		t.nodes[addr] = n
 	}
-	t.mu.Unlock()
-	return n.read(ctx, lock)
+	return n, nil
+}
+
+// readBatch is the HoldWatch's batch reader: the keys grouped by the
+// server serving them, one pipeline of GETs on each server's tracking
+// connection, the servers in parallel.
+func (t *tracker) readBatch(ctx context.Context, locks []string) []rediscore.HoldRead {
+	out := make([]rediscore.HoldRead, len(locks))
+	groups := map[*nodeTracker][]int{}
+	for i, lock := range locks {
+		n, err := t.node(ctx, lock)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		groups[n] = append(groups[n], i)
+	}
+	var wg sync.WaitGroup
+	for n, idx := range groups {
+		wg.Go(func() {
+			keys := make([]string, len(idx))
+			for j, i := range idx {
+				keys[j] = locks[i]
+			}
+			for j, r := range n.readBatch(ctx, keys) {
+				out[idx[j]] = r
+			}
+		})
+	}
+	wg.Wait()
+	return out
 }
 
 // close ends every watch and closes every server's connections.
@@ -196,6 +235,46 @@ func (t *nodeTracker) read(ctx context.Context, lock string) (string, bool, erro
 		return "", false, nil
 	}
 	return v, err == nil, err
+}
+
+// readBatch is read for many keys, in one pipeline: one result per key.
+func (t *nodeTracker) readBatch(ctx context.Context, locks []string) []rediscore.HoldRead {
+	out := make([]rediscore.HoldRead, len(locks))
+	fail := func(err error) []rediscore.HoldRead {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	t.start()
+	select {
+	case <-t.ready:
+	case <-ctx.Done():
+		return fail(ctx.Err())
+	}
+	c, err := t.tracking()
+	if err != nil {
+		return fail(err)
+	}
+	p := c.Pipeline()
+	cmds := make([]*redis.StringCmd, len(locks))
+	for i, lock := range locks {
+		cmds[i] = p.Get(ctx, lock)
+	}
+	whole := wholeErr(p.Exec(ctx))
+	for i, cmd := range cmds {
+		v, err := cmd.Result()
+		switch {
+		case whole != nil && err == nil:
+			out[i].Err = whole
+		case errors.Is(err, redis.Nil):
+		case err != nil:
+			out[i].Err = err
+		default:
+			out[i] = rediscore.HoldRead{Value: v, Exists: true}
+		}
+	}
+	return out
 }
 
 // receive reads the subscriber until close. Each invalidation marks its

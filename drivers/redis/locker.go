@@ -46,6 +46,8 @@ var (
 	_ driver.Inspector        = (*Locker)(nil)
 	_ driver.Capable          = (*Locker)(nil)
 	_ driver.Pinger           = (*Locker)(nil)
+	_ driver.SharedLocker     = (*Locker)(nil)
+	_ driver.SharedRefuser    = (*Locker)(nil)
 )
 
 // Open parses a redis:// or rediss:// URL (see the package documentation),

@@ -85,6 +85,57 @@ func (c *conn) runTracked(ctx context.Context, s *rediscore.Script, keys, args [
 	return luaFor(s).Exec(ctx, c.watch, keys, args)
 }
 
+// RunBatch implements rediscore.Conn: one DoMulti of EVALSHA (rueidis
+// routes it by slot on a Cluster, one pipeline per node), then one of EVAL
+// for the calls that got NOSCRIPT. Commands are pinned, as doFunc's.
+func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []rediscore.Call) []rediscore.Reply {
+	out := make([]rediscore.Reply, len(calls))
+	cl, err := c.cl()
+	if err != nil {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	cmds := make(rueidis.Commands, len(calls))
+	for i, x := range calls {
+		cmds[i] = cl.B().Evalsha().Sha1(s.SHA).Numkeys(int64(len(x.Keys))).Key(x.Keys...).Arg(x.Args...).Build().Pin()
+	}
+	var retry []int
+	for i, r := range cl.DoMulti(ctx, cmds...) {
+		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
+			retry = append(retry, i)
+			continue
+		}
+		out[i] = c.reply(ctx, r)
+	}
+	if len(retry) == 0 {
+		return out
+	}
+	cmds = cmds[:0]
+	for _, i := range retry {
+		x := calls[i]
+		cmds = append(cmds, cl.B().Eval().Script(s.Src).Numkeys(int64(len(x.Keys))).Key(x.Keys...).Arg(x.Args...).Build().Pin())
+	}
+	for j, r := range cl.DoMulti(ctx, cmds...) {
+		out[retry[j]] = c.reply(ctx, r)
+	}
+	return out
+}
+
+// reply converts one result as Run does.
+func (c *conn) reply(ctx context.Context, r rueidis.RedisResult) rediscore.Reply {
+	msg, err := r.ToMessage()
+	if err != nil {
+		if rueidis.IsRedisNil(err) {
+			return rediscore.Reply{}
+		}
+		return rediscore.Reply{Err: c.wrap(ctx, err)}
+	}
+	v, err := convert(&msg)
+	return rediscore.Reply{V: v, Err: err}
+}
+
 // cl returns the client that runs the scripts.
 func (c *conn) cl() (rueidis.Client, error) {
 	if c.m != nil {

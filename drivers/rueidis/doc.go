@@ -91,6 +91,14 @@
 // Adopted clients are not watched: their invalidation hook belongs to
 // their owner.
 //
+// # Shared holds
+//
+// Semaphores and read-write locks (driver.SharedLocker) work as in
+// drivers/redis, on the same keys and scripts: holds and waiters of both
+// drivers share one lock. Waiters are woken on the fair queue's wake
+// channel (pub/sub), as mutex waiters are. Redlock refuses them before any
+// I/O (Locker.SharedUnsupported).
+//
 // # Redlock
 //
 // Each master gets one client, with tracking, which also runs the scripts

@@ -19,5 +19,5 @@ var (
 // documented; every Options field documented with its default; no exported
 // alias.
 func TestGoDoc(t *testing.T) {
-	drivertest.CheckGoDoc(t, []string{"Acquire", "AcquireWait", "Capabilities", "Close", "Inspect", "Ping", "Refresh", "Release", "Subscribe", "WatchHold"})
+	drivertest.CheckGoDoc(t, []string{"Acquire", "AcquireShared", "AcquireWait", "Capabilities", "Close", "Inspect", "InspectShared", "Ping", "Refresh", "RefreshBatch", "RefreshShared", "Release", "ReleaseShared", "SharedUnsupported", "Subscribe", "WatchChanges", "WatchHold"})
 }

@@ -13,16 +13,37 @@ import (
 // whose invalidations the cscWaiter passes on. The read is a plain GET, not
 // DoCache: a cached value could predate the grant (its invalidation may
 // still be on the way), and a stale read must never report a loss.
+//
+// Re-reads that fall due together go out as one DoMulti (SetBatchReader).
 func newHoldWatch(client func() rueidis.Client, prefix string) *rediscore.HoldWatch {
-	return rediscore.NewHoldWatch(func(ctx context.Context, lock string) (string, bool, error) {
+	h := rediscore.NewHoldWatch(func(ctx context.Context, lock string) (string, bool, error) {
 		watch := client()
-		v, err := watch.Do(ctx, watch.B().Get().Key(lock).Build().Pin()).ToString() // pinned: see doFunc
-		if rueidis.IsRedisNil(err) {
-			return "", false, nil
-		}
-		if err != nil {
-			return "", false, err
-		}
-		return v, true, nil
+		r := holdRead(watch.Do(ctx, watch.B().Get().Key(lock).Build().Pin())) // pinned: see doFunc
+		return r.Value, r.Exists, r.Err
 	}, prefix)
+	h.SetBatchReader(func(ctx context.Context, locks []string) []rediscore.HoldRead {
+		watch := client()
+		cmds := make(rueidis.Commands, len(locks))
+		for i, lock := range locks {
+			cmds[i] = watch.B().Get().Key(lock).Build().Pin()
+		}
+		out := make([]rediscore.HoldRead, len(locks))
+		for i, r := range watch.DoMulti(ctx, cmds...) {
+			out[i] = holdRead(r)
+		}
+		return out
+	})
+	return h
+}
+
+// holdRead converts the result of a GET of a lock key.
+func holdRead(r rueidis.RedisResult) rediscore.HoldRead {
+	v, err := r.ToString()
+	switch {
+	case rueidis.IsRedisNil(err):
+		return rediscore.HoldRead{}
+	case err != nil:
+		return rediscore.HoldRead{Err: err}
+	}
+	return rediscore.HoldRead{Value: v, Exists: true}
 }

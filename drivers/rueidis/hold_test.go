@@ -26,3 +26,7 @@ func TestHoldWatchFailover(t *testing.T) { holdtest.FailedOver(t, urlOf) }
 
 // Acquire+release stays two EVALSHA; the watch adds one GET per grant.
 func TestHoldWatchCost(t *testing.T) { holdtest.CheckCost(t, urlOf) }
+
+// A Locker watching a key's changes (driver.ChangeWatcher) hears each
+// grant, release and expiry made elsewhere.
+func TestWatchChanges(t *testing.T) { holdtest.Changes(t, urlOf) }

@@ -50,6 +50,8 @@ var (
 	_ driver.Inspector        = (*Locker)(nil)
 	_ driver.Capable          = (*Locker)(nil)
 	_ driver.Pinger           = (*Locker)(nil)
+	_ driver.SharedLocker     = (*Locker)(nil)
+	_ driver.SharedRefuser    = (*Locker)(nil)
 )
 
 // newLocker builds a Locker over conns (one deployment, or the masters of

@@ -43,6 +43,14 @@ func (l *Locker) Refresh(ctx context.Context, key, owner string, ttl time.Durati
 	return l.core.Refresh(ctx, key, owner, ttl)
 }
 
+// RefreshBatch implements driver.BatchRefresher: every item's Refresh in
+// one round trip, a pipeline (on a Cluster, one per node, in parallel;
+// under Redlock, one per master in parallel, each item decided on its
+// quorum as Refresh decides). One error per item, as Refresh's for it.
+func (l *Locker) RefreshBatch(ctx context.Context, items []driver.RefreshItem) []error {
+	return l.core.RefreshBatch(ctx, items)
+}
+
 // Release implements driver.Locker: one round trip (compare owner, DEL,
 // PUBLISH) frees the lock owner holds on key. The DEL invalidates the key
 // in every client tracking it, which wakes their waiters. It returns
@@ -97,3 +105,17 @@ func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (s
 // or NewRedlock). Locks still held are left to expire. It is idempotent;
 // later calls of every other method return driver.ErrClosed.
 func (l *Locker) Close() error { return l.core.Close() }
+
+// WatchChanges implements driver.ChangeWatcher, over the same
+// client-side-caching invalidations as WatchHold: key's lock is read on
+// the watch client, and read again after each invalidation; changed is
+// called when a read finds another value than the last (a grant, a
+// release, an expiry, an eviction; a refresh keeps the value), and after
+// the first read. It returns at once; the first read runs in the
+// background. It is supported where WatchHold is; other Lockers return an
+// error matching errors.ErrUnsupported. Errors: driver.ErrInvalid for a
+// bad key, driver.ErrClosed after Close, ctx.Err() (wrapped) if ctx is
+// done.
+func (l *Locker) WatchChanges(ctx context.Context, key string, changed func()) (stop func(), err error) {
+	return l.core.WatchChanges(ctx, key, changed)
+}

@@ -103,10 +103,26 @@ var tables = []table{
 		},
 	},
 	{
+		title: "Shared holds against the same backend's mutex (uncontended acquire+release of a semaphore permit and of a read lock, beside the mutex's), interleaved in one loop",
+		rows: []row{
+			{label: "etcd: semaphore permit / mutex", bench: "drivers/etcd.BenchmarkSharedInterleaved", unit: "permit/mutex"},
+			{label: "etcd: read lock / mutex", bench: "drivers/etcd.BenchmarkSharedInterleaved", unit: "read/mutex"},
+		},
+	},
+	{
 		title: "File driver against its system calls (run one after the other, not interleaved)",
 		rows: []row{
 			{label: "file: driver / raw open+flock+read+write", bench: "drivers/file.BenchmarkAcquireRelease", unit: "ns/op", over: "drivers/file.BenchmarkRawSyscalls"},
 			{label: "file: package locker / raw open+flock+read+write", bench: "drivers/file.BenchmarkLockerAcquireRelease", unit: "ns/op", over: "drivers/file.BenchmarkRawSyscalls"},
+		},
+	},
+	{
+		title: "Semaphores and read-write locks against the same backend's mutex (acquire+release, uncontended), interleaved in one loop",
+		rows: []row{
+			{label: "Redis (go-redis): semaphore permit / mutex", bench: "drivers/redis.BenchmarkSharedInterleaved", unit: "permit/mutex"},
+			{label: "Redis (go-redis): read lock / mutex", bench: "drivers/redis.BenchmarkSharedInterleaved", unit: "read/mutex"},
+			{label: "Redis (rueidis): semaphore permit / mutex", bench: "drivers/rueidis.BenchmarkSharedInterleaved", unit: "permit/mutex"},
+			{label: "Redis (rueidis): read lock / mutex", bench: "drivers/rueidis.BenchmarkSharedInterleaved", unit: "read/mutex"},
 		},
 	},
 	{
@@ -126,6 +142,33 @@ var tables = []table{
 		},
 	},
 	queueTable(),
+	contentionTable(),
+	electionTable(),
+}
+
+// electionTable is cmd/locker's BenchmarkElection, per backend: failover
+// after a crash over the TTL, after a resign over the mutex handoff
+// measured in the same run, and Observe's latency (absolute: the bound it
+// is held to, 100ms, is).
+func electionTable() table {
+	t := table{title: "Leader election (cmd/locker BenchmarkElection): failover after the leader's process is killed (SIGKILL) over the TTL, failover after a resign over the same backend's mutex handoff (interleaved), and an observer's latency from a grant to Observe yielding it, in ms"}
+	for _, be := range []struct{ name, label string }{
+		{"file", "file"},
+		{"redis", "Redis (go-redis)"},
+		{"rueidis", "Redis (rueidis)"},
+		{"etcd", "etcd"},
+		{"postgres", "PostgreSQL advisory"},
+		{"postgres-lease", "PostgreSQL lease"},
+	} {
+		b := "cmd/locker.BenchmarkElection/" + be.name
+		t.rows = append(t.rows,
+			row{label: be.label + ": crash failover / TTL", bench: b, unit: "failover/ttl"},
+			row{label: be.label + ": resign failover / mutex handoff", bench: b, unit: "resign/handoff"},
+			row{label: be.label + ": Observe latency p50 (ms)", bench: b, unit: "observe-p50-ms", plain: true},
+			row{label: be.label + ": Observe latency max (ms)", bench: b, unit: "observe-max-ms", plain: true},
+		)
+	}
+	return t
 }
 
 // queueTable is the Redis fair queue (go-redis): one handoff interleaved
@@ -141,6 +184,39 @@ func queueTable() table {
 			row{label: n + " processes: fairness (fewest / most acquisitions of one Locker)", bench: b, unit: "fairness", plain: true},
 			row{label: n + " processes: wake p50 / floor's p50", bench: b, unit: "wake-p50-us", over: "drivers/redis.BenchmarkHandoffFloor", overUnit: "handoff-p50-us"},
 		)
+	}
+	for _, n := range []string{"8", "32", "64"} {
+		b := "drivers/redis.BenchmarkQueue/sem4-" + n
+		t.rows = append(t.rows,
+			row{label: n + " processes, semaphore of 4: client calls per acquisition", bench: b, unit: "calls/acq", plain: true},
+			row{label: n + " processes, semaphore of 4: fairness", bench: b, unit: "fairness", plain: true},
+			row{label: n + " processes, semaphore of 4: wake p50 / the mutex's wake p50 at " + n, bench: b, unit: "wake-p50-us", over: "drivers/redis.BenchmarkQueue/fair-" + n, overUnit: "wake-p50-us"},
+		)
+	}
+	return t
+}
+
+// contentionTable is a semaphore of 4 under contention on etcd,
+// PostgreSQL and file (each driver's BenchmarkContention), beside the same
+// backend's mutex in the same run.
+func contentionTable() table {
+	t := table{title: "Semaphore of 4 under contention beside the same backend's mutex (BenchmarkContention; separate Lockers as separate processes, 5ms hold): client calls per acquisition (etcd: requests and stream messages; PostgreSQL: statements; file: flock attempts), fairness, and wake p50 over the mutex's in the same run"}
+	for _, be := range []struct{ label, bench string }{
+		{"etcd", "drivers/etcd.BenchmarkContention/"},
+		{"PostgreSQL advisory", "drivers/postgres.BenchmarkContention/advisory-"},
+		{"PostgreSQL lease", "drivers/postgres.BenchmarkContention/lease-"},
+		{"file", "drivers/file.BenchmarkContention/"},
+	} {
+		for _, n := range []string{"8", "32", "64"} {
+			sem, mutex := be.bench+"sem4-"+n, be.bench+"mutex-"+n
+			p := be.label + ", " + n + " processes: "
+			t.rows = append(t.rows,
+				row{label: p + "permit's client calls per acquisition", bench: sem, unit: "calls/acq", plain: true},
+				row{label: p + "mutex's client calls per acquisition", bench: mutex, unit: "calls/acq", plain: true},
+				row{label: p + "permit fairness", bench: sem, unit: "fairness", plain: true},
+				row{label: p + "permit wake p50 / mutex's wake p50", bench: sem, unit: "wake-p50-us", over: mutex, overUnit: "wake-p50-us"},
+			)
+		}
 	}
 	return t
 }

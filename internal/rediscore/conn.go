@@ -18,6 +18,12 @@ type Conn interface {
 	// (nested) or nil (for a nil reply). Errors wrap ctx.Err() once ctx is
 	// done.
 	Run(ctx context.Context, s *Script, keys []string, args ...string) (any, error)
+	// RunBatch runs s once per call in one round trip (a pipeline of
+	// EVALSHA; on a Cluster, one pipeline per node, in parallel), with
+	// EVAL for the calls that got NOSCRIPT, and returns one Reply per
+	// call, in order, converted as Run converts them. A failure of the
+	// whole pipeline is every call's error.
+	RunBatch(ctx context.Context, s *Script, calls []Call) []Reply
 	// Ping makes one round trip.
 	Ping(ctx context.Context) error
 	// Close closes the client if the Conn owns it (not when it adopted a

@@ -19,7 +19,10 @@
 // # Round trips
 //
 // Acquire, Refresh, Release and Inspect are one EVALSHA each (EVAL on
-// NOSCRIPT, which also loads the script). Release publishes on the key's
+// NOSCRIPT, which also loads the script). RefreshBatch is one EVALSHA of
+// the refresh script per lock, in one pipeline (Conn.RunBatch). The hold
+// watch's re-reads that fall due together go out as one pipeline of GETs
+// (HoldWatch.SetBatchReader). Release publishes on the key's
 // channel, which is what pub/sub waiters listen to; its DEL also triggers
 // client-side-caching invalidations.
 //
@@ -47,6 +50,38 @@
 // than TokenRetention. Counters of idle keys expire, so they do not pile up.
 // Tokens are about 1.8e15 today and stay below 2^53 (exact in Lua numbers)
 // until the year 2255.
+//
+// # Shared holds
+//
+// Semaphores and read-write locks (driver.SharedLocker, shared.go and
+// shared_scripts.go) run on a Node; Redlock refuses them before any I/O
+// (Locker.SharedUnsupported): each master would count its own holders, and
+// independent majorities could admit different sets of n holders.
+//
+// The holders of one lock are a sorted set scored by each lease's end on
+// server TIME, with a hash of their tokens and modes. Why: each holder
+// needs a lease of its own (one key with PX, as the mutex has, can hold
+// one lease), and scoring by server time keeps the leases on the one
+// clock that decides expiry; every script drops the ended leases first
+// (prune), so no background sweeper is needed and an expiry is acted on by
+// whichever script touches the lock next. Tokens come from the mutex's
+// counter, so they rise across the mutex, the semaphore and the read-write
+// lock of a key, and a writer's token exceeds every earlier reader's. One
+// script per operation keeps the limit check and the grant atomic and each
+// call one round trip (TestShared/commands in both drivers). Every
+// key of a lock (SharedKeys) shares the mutex's hash tag, for Cluster, and
+// extends the lock key with ":sem" or ":rw", so the mutex, the semaphore
+// and the read-write lock on one key never interfere.
+//
+// Waiters use the fair queue's wake channel and waiting loop (queue.go):
+// a waiter's entry holds its mode, limit and TTL; a script that frees room
+// (settle) grants the queue from its head as far as it fits, records each
+// grant for its waiter to collect, and publishes on that waiter's wake
+// channel. Granting inside the script, rather than waking waiters to race
+// for it, is what makes a run of readers enter together and a writer at
+// the head block later readers (writer preference), with O(1) commands per
+// granted waiter. An entry whose Node no longer listens is dropped, as for
+// the mutex.
 //
 // # Redlock
 //

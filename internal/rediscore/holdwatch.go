@@ -48,6 +48,10 @@ type HoldWatch struct {
 	keys   map[string]*holdKey
 	closed bool
 	wg     sync.WaitGroup
+	batch  *holdQueue // nil: each key read on its own (SetBatchReader)
+	// life ends at Close: it cuts short a batch of reads under way.
+	life context.Context
+	end  context.CancelFunc
 }
 
 type holdKey struct {
@@ -61,12 +65,19 @@ type holdEntry struct {
 	once              sync.Once
 	lost              func(error)
 	releasing         bool // the owner's Release is under way: no alarm
+
+	// A change watch (WatchChanges) has changed instead of lost, and
+	// remembers the last value read ("" with seen false before the first).
+	changed func()
+	last    string
+	seen    bool
 }
 
 // NewHoldWatch returns a HoldWatch reading with read; prefix is the key
 // prefix (Options.Prefix).
 func NewHoldWatch(read HoldReader, prefix string) *HoldWatch {
-	return &HoldWatch{p: "redis", read: read, prefix: prefix, keys: map[string]*holdKey{}}
+	life, end := context.WithCancel(context.Background())
+	return &HoldWatch{p: "redis", read: read, prefix: prefix, keys: map[string]*holdKey{}, life: life, end: end}
 }
 
 // Watch implements driver.HoldWatcher.WatchHold: it starts watching key's
@@ -74,8 +85,22 @@ func NewHoldWatch(read HoldReader, prefix string) *HoldWatch {
 // the tracking) runs in the background. Errors: driver.ErrClosed after
 // Close.
 func (h *HoldWatch) Watch(key, owner string, token uint64, lost func(error)) (stop func(), err error) {
-	lock, _, _ := Keys(h.prefix, key)
-	e := &holdEntry{key: key, owner: owner, value: strconv.FormatUint(token, 10) + ":" + owner, lost: lost}
+	return h.add(&holdEntry{key: key, owner: owner, value: strconv.FormatUint(token, 10) + ":" + owner, lost: lost})
+}
+
+// WatchChanges implements driver.ChangeWatcher over the same reads: changed
+// is called after each read of key that finds another value than the last
+// (a grant puts "<token>:<owner>", a release, an expiry or an eviction
+// deletes it; a refresh keeps it), the first read included, so that a
+// change between the call and the first read (which arms the tracking) is
+// reported too. It returns at once. Errors: driver.ErrClosed after Close.
+func (h *HoldWatch) WatchChanges(key string, changed func()) (stop func(), err error) {
+	return h.add(&holdEntry{key: key, changed: changed})
+}
+
+// add starts watching e's key with e.
+func (h *HoldWatch) add(e *holdEntry) (stop func(), err error) {
+	lock, _, _ := Keys(h.prefix, e.key)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -133,6 +158,11 @@ func (h *HoldWatch) Reset() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, k := range h.keys {
+		for e := range k.entries {
+			// A change while the connection was down may have been
+			// missed: report the next read whatever it finds.
+			e.seen = false
+		}
 		k.mark()
 	}
 }
@@ -188,6 +218,7 @@ func (h *HoldWatch) Close() {
 		}
 	}
 	h.mu.Unlock()
+	h.end()
 	h.wg.Wait()
 }
 
@@ -215,7 +246,7 @@ func (h *HoldWatch) loop(lock string, k *holdKey) {
 			continue
 		}
 		rctx, rcancel := context.WithTimeout(ctx, holdReadTimeout)
-		v, exists, err := h.read(rctx, lock)
+		v, exists, err := h.readKey(rctx, lock)
 		rcancel()
 		if err != nil {
 			// Not a loss: retry until the connection is back.
@@ -250,9 +281,20 @@ func (h *HoldWatch) watching(k *holdKey) bool {
 // check reports lost every entry of k whose grant the value read does not
 // show.
 func (h *HoldWatch) check(lock string, k *holdKey, v string, exists bool) {
-	var gone []*holdEntry
+	var gone, changed []*holdEntry
+	cur := "\x00" // absent: no value starts with a NUL byte (a token comes first)
+	if exists {
+		cur = v
+	}
 	h.mu.Lock()
 	for e := range k.entries {
+		if e.changed != nil {
+			if !e.seen || e.last != cur {
+				e.seen, e.last = true, cur
+				changed = append(changed, e)
+			}
+			continue
+		}
 		if e.releasing {
 			continue
 		}
@@ -266,6 +308,9 @@ func (h *HoldWatch) check(lock string, k *holdKey, v string, exists bool) {
 		close(k.stop)
 	}
 	h.mu.Unlock()
+	for _, e := range changed {
+		e.changed()
+	}
 	for _, e := range gone {
 		why := "deleted, evicted or expired"
 		if exists {

@@ -72,6 +72,7 @@ type LockerConfig struct {
 // backend is what Node and Redlock implement.
 type backend interface {
 	driver.Locker
+	driver.BatchRefresher
 	driver.Inspector
 	driver.Capable
 	driver.Pinger
@@ -81,8 +82,8 @@ type backend interface {
 // Node (one deployment) or a Redlock (N masters), with waiting (Subscribe,
 // over the driver's Waiter), hold watching (WatchHold, over a HoldWatch),
 // Inspect, Capabilities and Ping. It implements driver.Locker,
-// driver.Inspector, driver.Capable, driver.Pinger, driver.Waiter and
-// driver.HoldWatcher. Every error it returns starts with the driver's name.
+// driver.Inspector, driver.Capable, driver.Pinger, driver.Waiter,
+// driver.HoldWatcher and driver.BatchRefresher. Every error it returns starts with the driver's name.
 // It is safe for concurrent use.
 //
 // Each driver's own Locker wraps one and declares the same methods,
@@ -112,6 +113,9 @@ type Interfaces interface {
 	driver.Waiter
 	driver.HoldWatcher
 	driver.BlockingAcquirer
+	driver.SharedLocker
+	driver.SharedRefuser
+	driver.BatchRefresher
 }
 
 var _ Interfaces = (*Locker)(nil)
@@ -253,6 +257,27 @@ func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (f
 		return nil, errors.New(string(l.p) + ": hold watching needs " + l.cfg.HoldNeeds)
 	}
 	return l.hold.Watch(key, owner, token, lost)
+}
+
+// WatchChanges implements driver.ChangeWatcher over the HoldWatch (see
+// HoldWatch.WatchChanges). Without a HoldWatch it returns an error naming
+// what it needs, matching errors.ErrUnsupported. Errors: driver.ErrInvalid
+// for a bad key; driver.ErrClosed after Close; ctx.Err() (wrapped) if ctx
+// is done.
+func (l *Locker) WatchChanges(ctx context.Context, key string, changed func()) (func(), error) {
+	if l.closed.Load() {
+		return nil, l.p.errorf("%w", driver.ErrClosed)
+	}
+	if err := l.p.checkKey(key, l.opts.MaxKeyLen); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, l.p.errorf("watch changes: %w", err)
+	}
+	if l.hold == nil {
+		return nil, l.p.errorf("watching changes needs %s: %w", l.cfg.HoldNeeds, errors.ErrUnsupported)
+	}
+	return l.hold.WatchChanges(key, changed)
 }
 
 // Close ends every hold watch and every wait (waiters are woken once) and

@@ -262,16 +262,9 @@ func (n *Node) Refresh(ctx context.Context, key, owner string, ttl time.Duration
 	if err := n.check(ctx, key, owner, ttl, true, true); err != nil {
 		return err
 	}
-	lock, _, ch := Keys(n.o.Prefix, key)
-	ql, _ := QueueKeys(lock)
-	r, err := n.run(ctx, RefreshScript, []string{lock, ql}, owner, ttlMS(n.Capabilities(), ttl), ch, WakeChannel(n.o.Prefix, ""))
-	if err != nil {
-		return n.p.ctxErr(ctx, "refresh", err)
-	}
-	if v, _ := asInt(r); v != 1 {
-		return n.p.errorf("refresh: %w", driver.ErrNotHeld)
-	}
-	return nil
+	c := refreshCall(n.o.Prefix, key, owner, ttlMS(n.Capabilities(), ttl))
+	r, err := n.run(ctx, RefreshScript, c.Keys, c.Args...)
+	return n.p.refreshed(ctx, r, err)
 }
 
 // Release implements driver.Locker: one EVALSHA of ReleaseScript, which

@@ -386,8 +386,24 @@ func (n *Node) AcquireWait(ctx context.Context, key, owner string, ttl time.Dura
 	return w.run(ctx)
 }
 
-// queuedWait is one AcquireWait on the fair queue.
+// waitSpec is what a queued wait runs: the mutex's (QueueAcquireScript)
+// or a shared hold's (SharedAcquireScript).
+type waitSpec struct {
+	script *Script
+	// parse reads the script's reply as a grant.
+	parse func(v any, err error) grant
+	// leave takes the waiter out of the queue and frees g if the attempt
+	// whose outcome it is created it.
+	leave func(g grant)
+	// sync makes a wait that its ctx ended leave the queue before it
+	// returns (bounded by QueueTTL), rather than in the background.
+	sync bool
+}
+
+// queuedWait is one AcquireWait (or a waiting AcquireShared) on the fair
+// queue.
 type queuedWait struct {
+	waitSpec
 	n                     *Node
 	owner, lock, ch, wake string // wake: the wake channel prefix
 	keys                  []string
@@ -406,6 +422,7 @@ func (n *Node) newQueuedWait(key, owner string, ttl time.Duration) *queuedWait {
 	w := &queuedWait{n: n, owner: owner, lock: lock, ch: ch, wake: WakeChannel(n.o.Prefix, ""),
 		keys: []string{lock, counter, ql, qz}, q: newQueueWaiter(), retry: retryMin}
 	w.args = []string{owner, ttlMS(n.Capabilities(), ttl), n.retMS, "", strconv.FormatInt(n.o.QueueTTL.Milliseconds(), 10), w.wake, "0"}
+	w.waitSpec = waitSpec{script: QueueAcquireScript, parse: n.p.parseGrant, leave: w.leaveMutex}
 	w.setElement()
 	if n.listening.Load() {
 		w.setJoin()
@@ -431,9 +448,10 @@ func (w *queuedWait) setJoin() {
 	w.args[6] = "1"
 }
 
-// leave takes the waiter out of the queue, passing on a reservation made
-// for it, and frees g if the attempt whose outcome it is created it.
-func (w *queuedWait) leave(g grant) {
+// leaveMutex takes the waiter out of the mutex's queue, passing on a
+// reservation made for it, and frees g if the attempt whose outcome it is
+// created it.
+func (w *queuedWait) leaveMutex(g grant) {
 	n := w.n
 	if g.kind == grantCreated {
 		n.cleanup(w.lock, w.ch, w.owner, g.token)
@@ -455,11 +473,16 @@ func (w *queuedWait) run(ctx context.Context) (uint64, error) {
 		}
 		drain(w.q.wake)
 		drain(w.q.rearm)
-		v, err, abandoned := n.runDetached(ctx, QueueAcquireScript, w.keys, w.args, w.leave)
+		left := make(chan struct{})
+		v, err, abandoned := n.runDetached(ctx, w.script, w.keys, w.args, func(g grant) {
+			defer close(left)
+			w.leave(g)
+		})
 		if abandoned {
+			w.awaitLeft(left)
 			return 0, n.p.waitErr(ctx, "acquire", w.lastErr)
 		}
-		g := n.p.parseGrant(v, err)
+		g := w.parse(v, err)
 		var wait time.Duration
 		switch g.kind {
 		case grantCreated, grantExisting:
@@ -478,7 +501,7 @@ func (w *queuedWait) run(ctx context.Context) (uint64, error) {
 			}
 		default:
 			if first || errors.Is(g.err, driver.ErrInvalid) || errors.Is(g.err, driver.ErrClosed) || n.closed.Load() {
-				n.background(func() { w.leave(grant{}) })
+				w.quit()
 				return 0, n.p.ctxErr(ctx, "acquire", g.err)
 			}
 			w.lastErr = g.err
@@ -486,12 +509,40 @@ func (w *queuedWait) run(ctx context.Context) (uint64, error) {
 		}
 		switch sleep(ctx, w.q.wake, w.q.rearm, n.done, wait) {
 		case ctxEnded:
-			n.background(func() { w.leave(grant{}) })
+			w.quit()
 			return 0, n.p.waitErr(ctx, "acquire", w.lastErr)
 		case closedDone:
 			w.leave(grant{})
 			return 0, n.p.errorf("acquire: %w", driver.ErrClosed)
 		}
+	}
+}
+
+// quit leaves the queue after a wait ended without a grant: at once when
+// sync, else in the background.
+func (w *queuedWait) quit() {
+	if !w.sync {
+		w.n.background(func() { w.leave(grant{}) })
+		return
+	}
+	w.awaitLeft(nil)
+}
+
+// awaitLeft, when sync, waits until left is closed (a nil left: leaves the
+// queue itself), for at most QueueTTL.
+func (w *queuedWait) awaitLeft(left chan struct{}) {
+	if !w.sync {
+		return
+	}
+	if left == nil {
+		w.leave(grant{})
+		return
+	}
+	t := time.NewTimer(w.n.o.QueueTTL)
+	defer t.Stop()
+	select {
+	case <-left:
+	case <-t.C:
 	}
 }
 
@@ -502,10 +553,10 @@ func (w *queuedWait) run(ctx context.Context) (uint64, error) {
 func (w *queuedWait) held(ctx context.Context, g grant) (wait time.Duration, again bool, err error) {
 	n := w.n
 	w.retry = retryMin
-	if !n.listening.Load() {
+	if !n.listening.Load() && n.listener != nil {
 		err := n.listen(ctx)
 		if err != nil && ctx.Err() != nil {
-			n.background(func() { w.leave(grant{}) })
+			w.quit()
 			return 0, false, n.p.waitErr(ctx, "acquire", w.lastErr)
 		}
 		if w.join && err == nil {

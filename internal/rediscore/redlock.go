@@ -462,10 +462,12 @@ func (r *Redlock) Refresh(ctx context.Context, key, owner string, ttl time.Durat
 	if err := r.check(ctx, key, owner, ttl, true, true); err != nil {
 		return err
 	}
-	ttl = r.Capabilities().RoundTTL(ttl)
-	lock, _, ch := Keys(r.o.Prefix, key)
-	ql, _ := QueueKeys(lock)
-	res := r.each(ctx, RefreshScript, []string{lock, ql}, owner, strconv.FormatInt(ttl.Milliseconds(), 10), ch, WakeChannel(r.o.Prefix, ""))
+	c := refreshCall(r.o.Prefix, key, owner, ttlMS(r.Capabilities(), ttl))
+	return r.refreshTally(ctx, r.each(ctx, RefreshScript, c.Keys, c.Args...))
+}
+
+// refreshTally decides a refresh from the nodes' RefreshScript replies.
+func (r *Redlock) refreshTally(ctx context.Context, res []result) error {
 	ok, notHeld := 0, 0
 	for _, x := range res {
 		if x.err != nil {

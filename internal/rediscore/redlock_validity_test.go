@@ -12,12 +12,15 @@ import (
 )
 
 // A Redlock grant is valid only if ttl − elapsed − (ttl×drift_factor + 2ms)
-// > 0. Every node is reached through a proxy adding 150ms each way, so an
+// > 0. Every node is reached through a proxy adding 300ms each way, so an
 // acquire (gate node, the others, token write-back: three round trips)
-// takes at least 900ms. With a 1.5s TTL that leaves a positive validity
-// under drift_factor 0.01 and a negative one under 0.49 (737ms of drift):
-// the second attempt must be refused, as held, and leave no key behind,
-// although a quorum of nodes granted it.
+// takes at least 1.8s. With a 3s TTL (the MinTTL of a 1s node timeout)
+// that leaves a positive validity under drift_factor 0.01 and a negative
+// one under 0.49 (1.472s of drift): the second attempt must be refused, as
+// held, and leave no key behind, although a quorum of nodes granted it.
+// The node timeout leaves 400ms beside each 600ms round trip, so that the
+// clean-up of the refused grant is not itself cut short on a loaded
+// machine.
 func TestRedlockValidity(t *testing.T) {
 	const n = 3
 	ss := redistest.StartN(t, n)
@@ -32,7 +35,7 @@ func TestRedlockValidity(t *testing.T) {
 		proxies[i] = p
 		conns[i] = newTestConn(t, p.Addr())
 	}
-	const nodeTimeout, ttl, latency = 500 * time.Millisecond, 1500 * time.Millisecond, 150 * time.Millisecond
+	const nodeTimeout, ttl, latency = time.Second, 3 * time.Second, 300 * time.Millisecond
 	small := NewRedlock(conns, Options{NodeTimeout: nodeTimeout, DriftFactor: 0.01})
 	large := NewRedlock(conns, Options{NodeTimeout: nodeTimeout, DriftFactor: 0.49})
 	ctx := context.Background()

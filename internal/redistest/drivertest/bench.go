@@ -6,11 +6,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
+	"github.com/go-locker/locker/internal/contendtest"
+	"github.com/go-locker/locker/internal/rediscore"
 	"github.com/go-locker/locker/internal/redistest"
 )
 
@@ -51,10 +53,41 @@ func scriptCalls(b testing.TB, s *redistest.Server) (map[string]int64, int64) {
 //	server-cmds/acq  every command the server ran per acquisition, script
 //	             internals included (INFO commandstats)
 //	fairness     fewest/most acquisitions of one Locker (1 = equal shares)
+//	             over the first whole rounds (a multiple of procs)
 //	wake-p50-us  median time from the start of a release to the next grant
 func Contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold time.Duration) {
+	contention(b, s, dsn, procs, hold, contender{slots: 1, queue: "locker:{hot}:q",
+		acquire: func(ctx context.Context, l *locker.Locker) (*locker.Lock, error) {
+			return l.Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
+		}})
+}
+
+// SemaphoreContention is Contention for the permits of a semaphore of n
+// on "hot": at most n Lockers hold at once, and the others wait in the
+// semaphore's queue. wake-p50-us is then the time from the start of a
+// release to the next grant, whichever holder released.
+func SemaphoreContention(b *testing.B, s *redistest.Server, dsn string, procs, n int, hold time.Duration) {
+	contention(b, s, dsn, procs, hold, contender{slots: n, queue: rediscore.SharedKeys("", "hot", driver.SharedPermit)[3],
+		acquire: func(ctx context.Context, l *locker.Locker) (*locker.Lock, error) {
+			return l.Semaphore("hot", n).Acquire(ctx, locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
+		}})
+}
+
+// contender is what Contention contends for: acquire takes it, at most
+// slots Lockers hold it at once, and queue is the list its waiters stand
+// in on the server.
+type contender struct {
+	acquire func(context.Context, *locker.Locker) (*locker.Lock, error)
+	slots   int
+	queue   string
+}
+
+func contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold time.Duration, k contender) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	if procs < 2*k.slots {
+		b.Fatalf("%d processes for %d slots: need at least %d", procs, k.slots, 2*k.slots)
+	}
 	lockers := make([]*locker.Locker, procs)
 	for i := range lockers {
 		l, err := locker.OpenURL(dsn)
@@ -64,52 +97,13 @@ func Contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold t
 		defer l.Close()
 		lockers[i] = l
 	}
-	// Warm up every Locker (connections, scripts, subscriptions): one
-	// round in which all but the first wait, so each has subscribed its
-	// wake channel, as a long-lived process would have.
-	first, err := lockers[0].Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
-	if err != nil {
-		b.Fatal(err)
-	}
-	var warm sync.WaitGroup
-	warmErr := make(chan error, procs)
-	for _, l := range lockers[1:] {
-		warm.Go(func() {
-			lk, err := l.Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
-			if err != nil {
-				warmErr <- err
-				return
-			}
-			time.Sleep(hold) // the watch's first read starts its tracker
-			_ = lk.Release(ctx)
-		})
-	}
 	barging := strings.Contains(dsn, "fair=false")
-	waitQueued(b, s, barging, procs-1)
-	_ = first.Release(ctx)
-	warm.Wait()
-	close(warmErr)
-	if err := <-warmErr; err != nil {
-		b.Fatal(err)
-	}
-	// The first Locker has not waited yet: it waits behind the second.
-	second, err := lockers[1].Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
-	if err != nil {
-		b.Fatal(err)
-	}
-	firstWait := make(chan error, 1)
-	go func() {
-		lk, err := lockers[0].Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
-		if err == nil {
-			err = lk.Release(ctx)
-		}
-		firstWait <- err
-	}()
-	waitQueued(b, s, barging, 1)
-	_ = second.Release(ctx)
-	if err := <-firstWait; err != nil {
-		b.Fatal(err)
-	}
+	// Warm up every Locker (connections, scripts, subscriptions): one
+	// round in which the first slots hold and the others wait, so each has
+	// subscribed its wake channel, as a long-lived process would have; then
+	// one in which the next slots hold and the first wait.
+	warmRound(ctx, b, s, k, lockers[:k.slots], lockers[k.slots:], barging, hold)
+	warmRound(ctx, b, s, k, lockers[k.slots:2*k.slots], lockers[:k.slots], barging, hold)
 	// Pass one is measured: time, fairness, wakes and the server's
 	// commands. Pass two repeats it under MONITOR to count the clients'
 	// calls: MONITOR makes the server copy every command, script internals
@@ -117,7 +111,7 @@ func Contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold t
 	// watches.
 	startBy, startCmds := scriptCalls(b, s)
 	b.ResetTimer()
-	per, wakes, grants, err := contend(ctx, lockers, b.N, hold)
+	per, wakes, grants, err := contendtest.Pass(ctx, lockers, b.N, hold, k.acquire)
 	b.StopTimer()
 	if err != nil {
 		b.Fatal(err)
@@ -130,7 +124,7 @@ func Contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold t
 	b.Logf("server commands: %v", endBy)
 	mon := startMonitor(b, s.Addr)
 	mon.take(b, s.Addr, 0)
-	_, _, monGrants, err := contend(ctx, lockers, b.N, hold)
+	_, _, monGrants, err := contendtest.Pass(ctx, lockers, b.N, hold, k.acquire)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -150,58 +144,42 @@ func Contention(b *testing.B, s *redistest.Server, dsn string, procs int, hold t
 	}
 }
 
-// contend runs one pass of Contention: every Locker takes "hot", holds it
-// for hold, releases it and goes again, until target acquisitions were
-// made; the waits under way then are granted in turn, not cut short (a
-// cancelled wait's LEAVE is not part of an acquisition). It returns each
-// Locker's share of the first target acquisitions, the time from each
-// release's start to the next grant, and the acquisitions made in all.
-func contend(ctx context.Context, lockers []*locker.Locker, target int, hold time.Duration) (per []int64, wakes []time.Duration, grants int64, err error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		n          atomic.Int64
-		releasedAt atomic.Int64 // unix ns of the last release's start; 0 = none
-		mu         sync.Mutex
-		wg         sync.WaitGroup
-		firstErr   atomic.Value
-	)
-	per = make([]int64, len(lockers))
-	for i, l := range lockers {
+// warmRound has holders take k, waiters wait for it (each holding it for
+// hold once granted, then releasing), and, once every waiter is queued on
+// the server, the holders release.
+func warmRound(ctx context.Context, b *testing.B, s *redistest.Server, k contender, holders, waiters []*locker.Locker, barging bool, hold time.Duration) {
+	held := make([]*locker.Lock, 0, len(holders))
+	for _, l := range holders {
+		lk, err := k.acquire(ctx, l)
+		if err != nil {
+			b.Fatal(err)
+		}
+		held = append(held, lk)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(waiters))
+	for _, l := range waiters {
 		wg.Go(func() {
-			for ctx.Err() == nil {
-				lk, err := l.Acquire(ctx, "hot", locker.WithTTL(10*time.Second), locker.WithAutoRenew(false))
-				if err != nil {
-					if ctx.Err() == nil {
-						firstErr.CompareAndSwap(nil, err)
-						cancel()
-					}
-					return
-				}
-				now := time.Now().UnixNano()
-				if r := releasedAt.Swap(0); r != 0 {
-					mu.Lock()
-					wakes = append(wakes, time.Duration(now-r))
-					mu.Unlock()
-				}
-				k := n.Add(1)
-				if k <= int64(target) {
-					per[i]++
-				}
-				time.Sleep(hold) // the critical section
-				releasedAt.Store(time.Now().UnixNano())
-				_ = lk.Release(context.Background())
-				if k >= int64(target) {
-					return
-				}
+			lk, err := k.acquire(ctx, l)
+			if err != nil {
+				errs <- err
+				return
 			}
+			time.Sleep(hold) // the watch's first read starts its tracker
+			errs <- lk.Release(ctx)
 		})
 	}
-	wg.Wait()
-	if e, _ := firstErr.Load().(error); e != nil {
-		return nil, nil, 0, e
+	waitQueued(b, s, k.queue, barging, len(waiters))
+	for _, lk := range held {
+		_ = lk.Release(ctx)
 	}
-	return per, wakes, n.Load(), nil
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // waitQueued waits until n waiters stand in the fair queue of "hot" on s.
@@ -210,7 +188,7 @@ func contend(ctx context.Context, lockers []*locker.Locker, target int, hold tim
 // for client-side caching), so for them it waits until n clients subscribed
 // to the channel or 500ms passed: a warm-up that is not complete only moves
 // a subscription into the measured part.
-func waitQueued(b *testing.B, s *redistest.Server, barging bool, n int) {
+func waitQueued(b *testing.B, s *redistest.Server, queue string, barging bool, n int) {
 	deadline := time.Now().Add(10 * time.Second)
 	if barging {
 		deadline = time.Now().Add(500 * time.Millisecond)
@@ -226,7 +204,7 @@ func waitQueued(b *testing.B, s *redistest.Server, barging bool, n int) {
 				c, _ = a[1].(int64)
 			}
 		} else {
-			v, err := s.Do("LLEN", "locker:{hot}:q")
+			v, err := s.Do("LLEN", queue)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -3,6 +3,7 @@ package drivertest
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -115,8 +116,9 @@ func CommandsPerOperation(t *testing.T, open func(addrs ...string) (driver.Locke
 // refresh are one EVALSHA per node, and acquire (and a waiting acquire,
 // driver.BlockingAcquirer, of a free key) is the gate node's
 // EVALSHA, then one on every other node, then the token write-back
-// (one EVALSHA per granting node), so 2×N commands in three rounds.
-// open opens a driver on the servers.
+// (one EVALSHA per granting node), so 2×N commands in three rounds. A
+// driver.BatchRefresher's batch of 3 items is 3 EVALSHA per node, sent in
+// one pipeline. open opens a driver on the servers.
 func Commands(t *testing.T, addrs []string, open func() (driver.Locker, error)) {
 	d, err := open()
 	if err != nil {
@@ -180,11 +182,63 @@ func Commands(t *testing.T, addrs []string, open func() (driver.Locker, error)) 
 	}
 	count("acquire", acquire, func() error { _, err := d.Acquire(ctx, "k", "o", time.Minute); return err })
 	count("refresh", one, func() error { return d.Refresh(ctx, "k", "o", time.Minute) })
+	if br, ok := d.(driver.BatchRefresher); ok {
+		count("refresh-batch of 3", func(int) int { return 3 }, func() error { return batchOfThree(ctx, br) })
+	}
 	count("release", one, func() error { return d.Release(ctx, "k", "o") })
 	if blocking {
 		// A waiting acquire of a free key: the fair queue's fast path is
 		// one script too, with no queue work.
 		count("acquire-wait", acquire, func() error { _, err := bw.AcquireWait(ctx, "k", "o", time.Minute); return err })
 		count("release", one, func() error { return d.Release(ctx, "k", "o") })
+	}
+}
+
+// batchOfThree refreshes, in one batch, the held lock "k" of owner "o" and
+// two keys nobody holds: "k" must be refreshed, the others not held.
+func batchOfThree(ctx context.Context, br driver.BatchRefresher) error {
+	errs := br.RefreshBatch(ctx, []driver.RefreshItem{
+		{Key: "k", Owner: "o", TTL: time.Minute}, {Key: "free-1", Owner: "o", TTL: time.Minute}, {Key: "free-2", Owner: "o", TTL: time.Minute},
+	})
+	if len(errs) != 3 {
+		return fmt.Errorf("%d results for 3 items", len(errs))
+	}
+	if errs[0] != nil {
+		return errs[0]
+	}
+	for _, err := range errs[1:] {
+		if !errors.Is(err, driver.ErrNotHeld) {
+			return fmt.Errorf("a free key's item: %v, want ErrNotHeld", err)
+		}
+	}
+	return nil
+}
+
+// BatchAfterScriptFlush checks a driver.BatchRefresher's fallback to EVAL:
+// after SCRIPT FLUSH, a batch (every item NOSCRIPT at first) still
+// refreshes the held lock to the batch's TTL and reports the free key not
+// held. open opens the driver on a server's address.
+func BatchAfterScriptFlush(t *testing.T, open func(addr string) (driver.Locker, error)) {
+	s := redistest.Start(t)
+	d, err := open(s.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := d.Acquire(ctx, "k", "o", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := redistest.Do(s.Addr, "SCRIPT", "FLUSH"); err != nil {
+		t.Fatal(err)
+	}
+	br := d.(driver.BatchRefresher)
+	if err := batchOfThree(ctx, br); err != nil {
+		t.Fatalf("batch after SCRIPT FLUSH: %v", err)
+	}
+	info, err := d.(driver.Inspector).Inspect(ctx, "k")
+	if err != nil || info.Remaining <= 50*time.Second {
+		t.Fatalf("after the batch: %+v, %v; want about a minute left", info, err)
 	}
 }

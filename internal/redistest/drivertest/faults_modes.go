@@ -57,6 +57,16 @@ func RedlockFaultServers(t *testing.T, n int) (addrs []string, ms []*redistest.S
 	return redistest.Addrs(ms), ms
 }
 
+// RedlockCannot is what every Redlock harness declares it cannot meet (a
+// known defect, docs/failure-modes.md "Known defects"): Inspect reports the
+// highest token of the nodes that hold the key, while a grant's token (the
+// quorum's highest) reaches the nodes that had a lower one only just before
+// the grant returns, so an Inspect in between reports a lower term, and an
+// observer may see one leader under two terms.
+var RedlockCannot = map[string]string{
+	"Locker/ElectionObserve": "Redlock Inspect may report a leader's term lower than its grant's, so an observer may see one leader under two terms",
+}
+
 // RedlockFaultHarness returns a conformance Harness for Redlock over the
 // masters at addrs with every fault hook. Each Locker reaches each master
 // through its own fault proxy: Cut blackholes all of that Locker's proxies
@@ -85,6 +95,7 @@ func RedlockFaultHarness(t *testing.T, addrs []string, ms []*redistest.Server, m
 		Reset:    px.Reset,
 		Pause:    true,
 		ChildEnv: []string{addrsEnv + "=" + strings.Join(addrs, ",")},
+		Cannot:   RedlockCannot,
 	}
 	if ms != nil {
 		var turn rotation
