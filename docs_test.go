@@ -197,8 +197,19 @@ func TestReadmeProgramRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	gomod := "module readme.example/newcomer\n\ngo 1.26.0\n\n" +
-		"require github.com/go-locker/locker v0.0.0\n\n" +
+	// The newcomer's module requires what the checkout's does, at the same
+	// versions, so its module graph is the checkout's: every go.mod it
+	// needs is in the cache the checkout's own build filled.
+	rootMod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, reqs, ok := strings.Cut(string(rootMod), "\n")
+	if !ok || !strings.HasPrefix(string(rootMod), "module github.com/go-locker/locker") {
+		t.Fatalf("go.mod does not start with the module line:\n%s", rootMod)
+	}
+	gomod := "module readme.example/newcomer\n" + reqs +
+		"\nrequire github.com/go-locker/locker v0.0.0\n\n" +
 		"replace github.com/go-locker/locker => " + root + "\n"
 	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
 	if err != nil {

@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -65,6 +66,7 @@ type Proxy struct {
 	closing chan struct{} // closed by Close
 	// dialTimeout bounds the dial to the target.
 	dialTimeout time.Duration
+	delivered   atomic.Int64 // bytes forwarded from the target to clients
 }
 
 // New starts a proxy on a free port of 127.0.0.1 that forwards to target
@@ -180,6 +182,11 @@ func (p *Proxy) Conns() int {
 	defer p.mu.Unlock()
 	return len(p.links)
 }
+
+// Delivered returns how many bytes the proxy has forwarded from the target
+// to its clients, over every connection so far: above zero once the server
+// has answered through it.
+func (p *Proxy) Delivered() int64 { return p.delivered.Load() }
 
 // Close stops accepting, closes every connection and waits for the proxy's
 // goroutines to end. It is idempotent.
@@ -353,7 +360,11 @@ func (l *link) pump(from, to Side) {
 		if l.isStopped(to) || l.isStopped(from) {
 			return
 		}
-		if _, err := dst.Write(c.b); err != nil {
+		n, err := dst.Write(c.b)
+		if to == Client {
+			l.p.delivered.Add(int64(n))
+		}
+		if err != nil {
 			return
 		}
 	}

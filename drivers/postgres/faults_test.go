@@ -50,7 +50,7 @@ func faultHarness(t *testing.T, rawURL string, srv *pgtest.Server, open func(ctx
 	t.Cleanup(func() { _ = px.Close() })
 	h := conformance.Harness{
 		Open:      px.Open,
-		MinTTL:    100 * time.Millisecond,
+		MinTTL:    faultUnit,
 		Cut:       px.Cut,
 		Reset:     px.Reset,
 		Pause:     true,
@@ -65,6 +65,17 @@ func faultHarness(t *testing.T, rawURL string, srv *pgtest.Server, open func(ctx
 	}
 	return h
 }
+
+// faultUnit is the suite's time unit in both modes. Faults/Reset resets
+// one Locker's connections about once a unit, and every Locker of the fault
+// track runs a mutex, an election and two shared contenders, each on
+// sessions of its own (an advisory hold keeps its session; lease mode's
+// waits listen on one), so each reset breaks eight to twelve sessions,
+// which the pool opens again; a new PostgreSQL session costs about 20 ms of
+// CPU on the CI machine (pgbench -C: 21.6 ms average connection time). At
+// 100 ms the resets outran the server's starting of sessions, and no
+// shared hold was ever granted.
+const faultUnit = 250 * time.Millisecond
 
 // advisoryLostBound is how much later than another owner's grant an
 // advisory lock's holder may hear of its loss when its session ends (a

@@ -44,9 +44,10 @@ func TestLeaseConformance(t *testing.T) {
 	u, srv := faultServer(t)
 	// A lease outlives its connection and a crash: no fault may free it
 	// early, so no LostBound.
-	conformance.Run(t, faultHarness(t, leaseURL(u), srv, func(ctx context.Context, url string) (driver.Locker, error) {
+	h := faultHarness(t, leaseURL(u), srv, func(ctx context.Context, url string) (driver.Locker, error) {
 		return Driver{}.Open(url)
-	}, nil))
+	}, nil)
+	conformance.Run(t, h)
 }
 
 // The conformance suite in lease mode through a real PgBouncer in

@@ -40,9 +40,11 @@ func TestConformanceAdopted(t *testing.T) {
 
 // TestConformanceRedlock runs the suite, fault subtests included, on five
 // masters (drivertest.Driver.ConformanceRedlock). A node_timeout above the
-// default 100ms: under -race on a loaded 2-core host a node can miss
-// 100ms, and a missed quorum costs a retry and a clean-up on every node.
-func TestConformanceRedlock(t *testing.T) { drv.ConformanceRedlock(t, "node_timeout=250ms") }
+// default 100ms: under -race on a loaded 2-core host, beside another
+// package's tests, a node missed 250ms in three full runs out of four
+// (Pinger, Inspector, Close, CloseRaces), and a missed quorum fails the
+// subtest's call.
+func TestConformanceRedlock(t *testing.T) { drv.ConformanceRedlock(t, "node_timeout=500ms") }
 
 // TestConformanceCluster runs the suite, fault subtests included, on a
 // Cluster of three masters (drivertest.Driver.ConformanceCluster).
@@ -80,6 +82,7 @@ func TestConformanceAdoptedRedlock(t *testing.T) {
 			}
 			return drivertest.CloseToo(l.core, closeAll), nil
 		},
+		Cannot: drivertest.RedlockCannot,
 	}
 	probe, err := h.Open(context.Background())
 	if err != nil {
@@ -94,4 +97,10 @@ func TestConformanceAdoptedRedlock(t *testing.T) {
 // TestCommandsPerOperation: as the go-redis driver's (drivertest.Commands).
 func TestCommandsPerOperation(t *testing.T) {
 	drivertest.CommandsPerOperation(t, func(addrs ...string) (driver.Locker, error) { return Open(context.Background(), urlOf(addrs...)) })
+}
+
+// A batch refresh falls back to EVAL when the server lost its scripts
+// (drivertest.BatchAfterScriptFlush).
+func TestBatchAfterScriptFlush(t *testing.T) {
+	drivertest.BatchAfterScriptFlush(t, func(addr string) (driver.Locker, error) { return Open(context.Background(), urlOf(addr)) })
 }

@@ -1,11 +1,16 @@
-// Package etcdtest starts real etcd servers for tests: the etcd server itself
-// (go.etcd.io/etcd/server/v3/embed), running in the test process on free
-// loopback ports, with its data in a temporary directory.
+// Package etcdtest starts real etcd servers for tests: etcd v3
+// (go.etcd.io/etcd/server/v3/embed) in processes of their own, built from
+// ./etcdserver without the race detector, on free loopback ports, with their
+// data in a temporary directory. A member is a real process: Kill sends it
+// SIGKILL, Stop SIGTERM, and neither the test's race detector nor its
+// garbage collector slows the server.
 //
 // Start gives a single member, StartCluster a cluster of n members. Members
 // can be stopped and restarted (keeping their data and ports) to exercise
 // failures. Everything is torn down by t.Cleanup. When a server cannot be
-// started the test fails (t.Fatal); it never skips.
+// started the test fails (t.Fatal); it never skips. The first Start of a
+// process builds the server with the go command (found on PATH, as go test
+// puts it there), once per process.
 //
 // New and Close do the same without a testing.TB, for a TestMain or a
 // command. Typical use:
@@ -19,25 +24,27 @@
 package etcdtest
 
 import (
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
 
 // StartTimeout bounds how long a member may take to start and serve.
 const StartTimeout = 60 * time.Second
 
-// Cluster is a set of embedded etcd members started by Start or StartCluster.
+// Cluster is a set of etcd members started by Start or StartCluster.
 type Cluster struct {
 	// Members are the cluster's members, in the order they were created.
 	Members []*Member
@@ -45,7 +52,7 @@ type Cluster struct {
 	root string // temporary directory holding the members' data
 }
 
-// Member is one embedded etcd server.
+// Member is one etcd server, a process of its own.
 type Member struct {
 	// Name is the member's name ("m0", "m1", …).
 	Name string
@@ -56,7 +63,7 @@ type Member struct {
 	initial string // initial-cluster string
 
 	mu sync.Mutex
-	e  *embed.Etcd // nil while stopped
+	p  *proc // nil while stopped
 }
 
 // Start starts a single-member etcd and returns it. It fails the test if the
@@ -151,56 +158,41 @@ func tryStart(n int) (*Cluster, error) {
 	return c, nil
 }
 
+// freePort returns a port of 127.0.0.1 that is free now, below the kernel's
+// ephemeral range (32768 and up by default): a port there can be taken by
+// any outgoing connection or port-0 listener while its member is stopped,
+// and its Restart would then fail to bind it.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 100 {
+		port := lowPortMin + rand.IntN(lowPortMax-lowPortMin)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return port, nil
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("etcdtest: no free port below the ephemeral range in 100 tries")
 }
 
-func (m *Member) config(fresh bool) *embed.Config {
-	cfg := embed.NewConfig()
-	cfg.Name = m.Name
-	cfg.Dir = m.dir
-	cfg.ListenClientUrls = []url.URL{m.client}
-	cfg.AdvertiseClientUrls = []url.URL{m.client}
-	cfg.ListenPeerUrls = []url.URL{m.peer}
-	cfg.AdvertisePeerUrls = []url.URL{m.peer}
-	cfg.InitialCluster = m.initial
-	cfg.InitialClusterToken = "etcdtest"
-	if fresh {
-		cfg.ClusterState = embed.ClusterStateFlagNew
-	} else {
-		cfg.ClusterState = embed.ClusterStateFlagExisting
-	}
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cfg.Logger = "zap"
-	cfg.LogOutputs = []string{"/dev/null"}
-	return cfg
-}
+// The range freePort picks from.
+const (
+	lowPortMin = 20000
+	lowPortMax = 32000
+)
 
 func (m *Member) start(fresh bool) error {
 	if err := os.MkdirAll(m.dir, 0o700); err != nil {
 		return err
 	}
-	e, err := embed.StartEtcd(m.config(fresh))
+	p, err := startProc(m.dir+".log", "-name", m.Name, "-dir", m.dir,
+		"-client", m.client.String(), "-peer", m.peer.String(),
+		"-initial", m.initial, "-new="+strconv.FormatBool(fresh))
 	if err != nil {
 		return fmt.Errorf("member %s: %w", m.Name, err)
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return fmt.Errorf("member %s: %w", m.Name, err)
-	case <-time.After(StartTimeout):
-		e.Server.Stop()
-		e.Close()
-		return fmt.Errorf("member %s: not ready after %v", m.Name, StartTimeout)
-	}
 	m.mu.Lock()
-	m.e = e
+	m.p = p
 	m.mu.Unlock()
 	return nil
 }
@@ -212,36 +204,33 @@ func (m *Member) Endpoint() string { return m.client.Host }
 func (m *Member) Running() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.e != nil
+	return m.p != nil
 }
 
-// Stop shuts the member down gracefully (a leader first hands leadership
-// to a peer). Its data and ports are kept for Restart. Stopping a stopped
-// member does nothing. See Kill for a crash.
-func (m *Member) Stop() {
+func (m *Member) take() *proc {
 	m.mu.Lock()
-	e := m.e
-	m.e = nil
-	m.mu.Unlock()
-	if e != nil {
-		e.Close()
+	defer m.mu.Unlock()
+	p := m.p
+	m.p = nil
+	return p
+}
+
+// Stop shuts the member down gracefully with SIGTERM (a leader first hands
+// leadership to a peer), and waits until the process has exited. Its data
+// and ports are kept for Restart. Stopping a stopped member does nothing.
+// See Kill for a crash.
+func (m *Member) Stop() {
+	if p := m.take(); p != nil {
+		p.stop()
 	}
 }
 
-// Kill stops the member abruptly, as a crash would: raft stops at once,
-// without the leadership transfer a graceful Stop makes, then the listeners
-// are closed. Its data and ports are kept for Restart. Killing a stopped
-// member does nothing. Kill may take a few seconds to return (the server's
-// shutdown waits out its request timeout), but the member is gone for the
-// rest of the cluster from the start.
+// Kill stops the member abruptly with SIGKILL, as a crash would, and waits
+// until the process has exited. Its data and ports are kept for Restart.
+// Killing a stopped member does nothing.
 func (m *Member) Kill() {
-	m.mu.Lock()
-	e := m.e
-	m.e = nil
-	m.mu.Unlock()
-	if e != nil {
-		e.Server.HardStop()
-		e.Close()
+	if p := m.take(); p != nil {
+		p.kill()
 	}
 }
 
@@ -258,19 +247,30 @@ func (m *Member) Restart() error {
 	return nil
 }
 
-// IsLeader reports whether the member is running and is the raft leader.
-func (m *Member) IsLeader() bool {
+// status returns the member's view of the raft leader and its own id; ok
+// is false when the member is stopped or does not answer.
+func (m *Member) status() (leader, self uint64, ok bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.e != nil && m.e.Server.Leader() == m.e.Server.MemberID()
+	p := m.p
+	m.mu.Unlock()
+	if p == nil {
+		return 0, 0, false
+	}
+	return p.status()
 }
 
-// Close stops every member and removes their data. It is idempotent.
+// IsLeader reports whether the member is running and is the raft leader.
+func (m *Member) IsLeader() bool {
+	l, self, ok := m.status()
+	return ok && l != 0 && l == self
+}
+
+// Close kills every member and removes their data. It is idempotent.
 func (c *Cluster) Close() {
 	var wg sync.WaitGroup
 	for _, m := range c.Members {
 		wg.Add(1)
-		go func() { defer wg.Done(); m.Stop() }()
+		go func() { defer wg.Done(); m.Kill() }()
 	}
 	wg.Wait()
 	if c.root != "" {
@@ -323,18 +323,15 @@ func (c *Cluster) agreedLeader() *Member {
 	var lead uint64
 	var leader *Member
 	for _, m := range c.Members {
-		m.mu.Lock()
-		e := m.e
-		m.mu.Unlock()
-		if e == nil {
+		if !m.Running() {
 			continue
 		}
-		l := uint64(e.Server.Leader())
-		if l == 0 || (lead != 0 && l != lead) {
+		l, self, ok := m.status()
+		if !ok || l == 0 || (lead != 0 && l != lead) {
 			return nil
 		}
 		lead = l
-		if uint64(e.Server.MemberID()) == l {
+		if self == l {
 			leader = m
 		}
 	}
