@@ -109,7 +109,9 @@ func (l *Locker) Close() error { return l.core.Close() }
 // tracking as WatchHold: key's lock is read on the tracking connection,
 // and read again after each invalidation; changed is called when a read
 // finds another value than the last (a grant, a release, an expiry, an
-// eviction; a refresh keeps the value), and after the first read. It
+// eviction; a refresh keeps the value), when a read finds the key absent
+// again after an invalidation (a grant and its release between two reads),
+// and after the first read. It
 // returns at once; the first read runs in the background. It is supported
 // where WatchHold is; other Lockers return an error matching
 // errors.ErrUnsupported. Errors: driver.ErrInvalid for a bad key,

@@ -110,8 +110,9 @@ func (l *Locker) Close() error { return l.core.Close() }
 // client-side-caching invalidations as WatchHold: key's lock is read on
 // the watch client, and read again after each invalidation; changed is
 // called when a read finds another value than the last (a grant, a
-// release, an expiry, an eviction; a refresh keeps the value), and after
-// the first read. It returns at once; the first read runs in the
+// release, an expiry, an eviction; a refresh keeps the value), when a
+// read finds the key absent again after an invalidation (a grant and its
+// release between two reads), and after the first read. It returns at once; the first read runs in the
 // background. It is supported where WatchHold is; other Lockers return an
 // error matching errors.ErrUnsupported. Errors: driver.ErrInvalid for a
 // bad key, driver.ErrClosed after Close, ctx.Err() (wrapped) if ctx is

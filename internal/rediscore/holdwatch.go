@@ -58,6 +58,9 @@ type holdKey struct {
 	entries map[*holdEntry]struct{}
 	dirty   chan struct{} // buffered 1: a re-read is due
 	stop    chan struct{} // closed when the last entry leaves
+	// inval counts the invalidations of the key (under HoldWatch.mu);
+	// readInval is its value when the last completed read began.
+	inval, readInval uint64
 }
 
 type holdEntry struct {
@@ -93,7 +96,10 @@ func (h *HoldWatch) Watch(key, owner string, token uint64, lost func(error)) (st
 // (a grant puts "<token>:<owner>", a release, an expiry or an eviction
 // deletes it; a refresh keeps it), the first read included, so that a
 // change between the call and the first read (which arms the tracking) is
-// reported too. It returns at once. Errors: driver.ErrClosed after Close.
+// reported too; and after a read that finds key absent again when an
+// invalidation came since the last read (a grant and its release both fell
+// between the two reads). It returns at once. Errors: driver.ErrClosed
+// after Close.
 func (h *HoldWatch) WatchChanges(key string, changed func()) (stop func(), err error) {
 	return h.add(&holdEntry{key: key, changed: changed})
 }
@@ -146,6 +152,7 @@ func (h *HoldWatch) Invalidate(keys ...string) {
 	defer h.mu.Unlock()
 	for _, lock := range keys {
 		if k := h.keys[lock]; k != nil {
+			k.inval++
 			k.mark()
 		}
 	}
@@ -245,6 +252,9 @@ func (h *HoldWatch) loop(lock string, k *holdKey) {
 			// the key again.
 			continue
 		}
+		h.mu.Lock()
+		inval := k.inval
+		h.mu.Unlock()
 		rctx, rcancel := context.WithTimeout(ctx, holdReadTimeout)
 		v, exists, err := h.readKey(rctx, lock)
 		rcancel()
@@ -262,7 +272,7 @@ func (h *HoldWatch) loop(lock string, k *holdKey) {
 			continue
 		}
 		backoff = 10 * time.Millisecond
-		h.check(lock, k, v, exists)
+		h.check(lock, k, v, exists, inval)
 	}
 }
 
@@ -279,17 +289,24 @@ func (h *HoldWatch) watching(k *holdKey) bool {
 }
 
 // check reports lost every entry of k whose grant the value read does not
-// show.
-func (h *HoldWatch) check(lock string, k *holdKey, v string, exists bool) {
+// show, and reports to every change watch a value other than its last. A
+// read that began at invalidation count inval and finds the key absent, as
+// the last read did, still reports a change when an invalidation came in
+// between: the key was written since, and removed again before the read (a
+// grant and its release or expiry). Every grant's value is new (tokens
+// increase), so that is the one change two reads can fail to tell apart.
+func (h *HoldWatch) check(lock string, k *holdKey, v string, exists bool, inval uint64) {
 	var gone, changed []*holdEntry
 	cur := "\x00" // absent: no value starts with a NUL byte (a token comes first)
 	if exists {
 		cur = v
 	}
 	h.mu.Lock()
+	written := !exists && inval != k.readInval
+	k.readInval = inval
 	for e := range k.entries {
 		if e.changed != nil {
-			if !e.seen || e.last != cur {
+			if !e.seen || e.last != cur || written {
 				e.seen, e.last = true, cur
 				changed = append(changed, e)
 			}
