@@ -94,6 +94,10 @@ func (p *proc) read(r *os.File) {
 func (p *proc) status() (leader, self uint64, ok bool) {
 	p.qmu.Lock()
 	defer p.qmu.Unlock()
+	select { // the answer to an earlier query that timed out
+	case <-p.lines:
+	default:
+	}
 	if _, err := p.stdin.Write([]byte("status\n")); err != nil {
 		return 0, 0, false
 	}
