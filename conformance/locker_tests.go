@@ -296,17 +296,43 @@ func (s *suite) lockerAutoRenew(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	end := time.Now().Add(3*lk.TTL() + lk.TTL()/2)
+	start := time.Now()
+	end := start.Add(3*lk.TTL() + lk.TTL()/2)
+	// renewed notes when each renewal was first seen (the safe deadline
+	// moved), for the failure message: a renewal that came late on a
+	// starved machine is not the same bug as a lock lost while renewed.
+	var renewed []time.Duration
+	last := lk.Deadline()
+	seen := func() {
+		if d := lk.Deadline(); d.After(last) {
+			last = d
+			renewed = append(renewed, time.Since(start).Round(time.Millisecond))
+		}
+	}
 	for time.Now().Before(end) {
 		s.mustBeHeld(t, b, key, "during auto-renewal")
+		seen()
 		select {
 		case <-lk.Lost():
-			t.Fatalf("Lost closed during auto-renewal: %v", lk.Release(s.callCtx(t)))
+			t.Fatalf("Lost closed after %v of auto-renewal (renewals seen at %v): %v",
+				time.Since(start), renewed, lk.Release(s.callCtx(t)))
 		case <-time.After(lk.TTL() / 10):
 		}
 	}
+	seen()
 	if err := lk.Release(s.callCtx(t)); err != nil {
-		t.Fatalf("Release after %v of auto-renewal: %v", 3*lk.TTL(), err)
+		t.Fatalf("Release after %v of auto-renewal (renewals seen at %v, Lost closed: %v): %v",
+			time.Since(start), renewed, isClosed(lk.Lost()), err)
+	}
+}
+
+// isClosed reports whether ch is closed, without waiting.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
