@@ -28,6 +28,26 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	benchMutex(l)(b)
 }
 
+// BenchmarkAcquireReleaseWatched is BenchmarkAcquireRelease while the
+// directory is watched (a subscription to another key keeps the Locker's
+// inotify watch on): what the watch adds to every write in the directory.
+func BenchmarkAcquireReleaseWatched(b *testing.B) {
+	l, err := Open(context.Background(), "file://"+b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	s, err := l.newSubscription("other")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if s.w == nil {
+		b.Fatal("inotify is not available: the directory is not watched")
+	}
+	defer s.stop(false)
+	benchMutex(l)(b)
+}
+
 // benchMutex is one uncontended Acquire+Release per iteration.
 func benchMutex(l *Locker) func(*testing.B) {
 	return func(b *testing.B) {
