@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/go-locker/locker/driver"
@@ -39,24 +38,22 @@ func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (s
 		s.stop(false)
 		return nil, fmt.Errorf("file: %w: inotify is not available", driver.ErrUnavailable)
 	}
-	var once sync.Once
-	report := func(err error) {
-		select {
-		case <-s.done:
-		default:
-			once.Do(func() { lost(err) })
-		}
-	}
-	go s.watchHold(owner, token, report)
+	go s.watchHold(owner, token, lost)
 	return func() { s.stop(false) }, nil
 }
 
 // watchHold checks the grant now and after every event on the lock file
-// until it is found lost or the watch stops.
+// until it is found lost, when it calls lost (once, and only if the watch
+// has not stopped), or the watch stops.
 func (s *subscription) watchHold(owner string, token uint64, lost func(error)) {
+	c := &checkCtx{done: s.done}
 	for {
-		if err := s.checkHold(owner, token); err != nil {
-			lost(err)
+		if err := s.checkHold(c, owner, token); err != nil {
+			select {
+			case <-s.done:
+			default:
+				lost(err)
+			}
 			return
 		}
 		select {
@@ -68,19 +65,39 @@ func (s *subscription) watchHold(owner string, token uint64, lost func(error)) {
 	}
 }
 
+// checkCtx bounds one hold check's wait for the lock file's flock: it is
+// done when the watch stops, and past its deadline (holdCheckTimeout after
+// the check began) its Err is context.DeadlineExceeded, which flockFile
+// checks between its attempts (at most 2ms apart). Unlike a context.Context from package
+// context, Done is not closed at the deadline; flockFile, its only user,
+// polls Err. One per watch, reused by every check: a check allocates no
+// context, timer or goroutine.
+type checkCtx struct {
+	done     <-chan struct{}
+	deadline time.Time
+}
+
+func (c *checkCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *checkCtx) Done() <-chan struct{}       { return c.done }
+func (c *checkCtx) Value(any) any               { return nil }
+
+func (c *checkCtx) Err() error {
+	select {
+	case <-c.done:
+		return context.Canceled
+	default:
+	}
+	if !time.Now().Before(c.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
 // checkHold returns an error wrapping driver.ErrNotHeld if the lock file
 // shows that owner's grant with token is gone, nil if it is still there or
 // the file could not be checked now.
-func (s *subscription) checkHold(owner string, token uint64) error {
-	ctx, cancel := context.WithTimeout(context.Background(), holdCheckTimeout)
-	defer cancel()
-	go func() {
-		select {
-		case <-s.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+func (s *subscription) checkHold(ctx *checkCtx, owner string, token uint64) error {
+	ctx.deadline = time.Now().Add(holdCheckTimeout)
 	fd, err := flockFile(ctx, s.path, unix.LOCK_SH, false, s.l.perm)
 	if errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("file: %w: lock file %s removed", driver.ErrNotHeld, s.path)

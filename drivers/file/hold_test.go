@@ -1,11 +1,14 @@
 package file
 
 import (
+	"errors"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
+	"golang.org/x/sys/unix"
 )
 
 // The lock file removed, or rewritten by another owner, closes the holder's
@@ -104,5 +107,99 @@ func TestHoldWatcherRelease(t *testing.T) {
 	case err := <-lost:
 		t.Fatalf("the holder's own release reported as a loss: %v", err)
 	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// A hold check that finds the lock file's flock held (a process stopped
+// while it writes the file) gives up after holdCheckTimeout without a
+// report, and the watch still reports a later loss; a check blocked on
+// the flock ends at once when the watch stops.
+func TestHoldCheckGivesUpOnHeldFlock(t *testing.T) {
+	d := open(t, t.TempDir())
+	ctx := ctxT(t)
+	tok, err := d.Acquire(ctx, "k", "A", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := make(chan error, 1)
+	stop, err := d.WatchHold("k", "A", tok, func(err error) { lost <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+
+	unlock := holdFlock(t, d.Path("k"))
+	began := time.Now()
+	waitFlocksStill(t, 3*time.Second, "a check blocked on the flock")
+	if gave := time.Since(began); gave < holdCheckTimeout/2 {
+		t.Fatalf("the check gave up after %v, want about %v", gave, holdCheckTimeout)
+	}
+	select {
+	case err := <-lost:
+		t.Fatalf("a check that could not take the flock reported a loss: %v", err)
+	default:
+	}
+	unlock()
+	if err := os.Remove(d.Path("k")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-lost:
+		if !errors.Is(err, driver.ErrNotHeld) {
+			t.Fatalf("lost: %v, want ErrNotHeld", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the lock file's removal was not reported after a check gave up")
+	}
+
+	// A second watch, stopped while its check waits for the flock.
+	tok, err = d.Acquire(ctx, "k2", "A", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop2, err := d.WatchHold("k2", "A", tok, func(error) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holdFlock(t, d.Path("k2"))()
+	stop2()
+	waitFlocksStill(t, holdCheckTimeout/2, "a check of a stopped watch")
+}
+
+// holdFlock takes an exclusive flock on path and writes the file's own
+// content back (an event for its watchers); it returns the unlock.
+func holdFlock(t *testing.T, path string) func() {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(b, 0); err != nil {
+		t.Fatal(err)
+	}
+	return func() { _ = f.Close() }
+}
+
+// waitFlocksStill waits, up to within, until no flock attempt has been
+// made for 200ms (a backing-off check tries every 2ms at most).
+func waitFlocksStill(t *testing.T, within time.Duration, what string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	last, since := flocks.Load(), time.Now()
+	for time.Since(since) < 200*time.Millisecond {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still tries the flock %v later", what, within)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a counter with a deadline
+		if n := flocks.Load(); n != last {
+			last, since = n, time.Now()
+		}
 	}
 }

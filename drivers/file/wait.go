@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 	"unsafe"
@@ -64,7 +65,8 @@ func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 // inotify watcher if one can be had (s.w is nil otherwise), registered with
 // l so that Close ends it. After Close it returns driver.ErrClosed.
 func (l *Locker) newSubscription(key string) (*subscription, error) {
-	return l.watchFile(key, l.Path(key), fileName(key), false)
+	name := fileName(key)
+	return l.watchFile(key, filepath.Join(l.dir, name), name, false)
 }
 
 // watchFile starts a subscription to the events on the file name (at path)
@@ -245,8 +247,7 @@ func acquireWatcher(dir string) *watcher {
 	if w := watchers[dir]; w != nil {
 		w.refs++
 		if w.idle != nil {
-			w.idle.Stop()
-			w.idle = nil
+			w.idle.Stop() // kept for the next linger; its function re-checks refs
 		}
 		return w
 	}
@@ -281,14 +282,18 @@ func releaseWatcher(w *watcher) {
 	}
 	// Keep an idle watcher a while: closing an inotify instance takes the
 	// kernel milliseconds, and the next wait on the directory is likely soon.
+	// The timer is made once and reset at each linger.
+	if w.idle != nil {
+		w.idle.Reset(watcherLinger)
+		return
+	}
 	w.idle = time.AfterFunc(watcherLinger, func() {
 		watchersMu.Lock()
 		defer watchersMu.Unlock()
-		if w.refs == 0 && w.idle != nil {
-			w.idle = nil
-			if watchers[w.dir] == w {
-				delete(watchers, w.dir)
-			}
+		// A subscription that came since keeps it; one that came and
+		// went has reset the timer, which fires again.
+		if w.refs == 0 && watchers[w.dir] == w {
+			delete(watchers, w.dir)
 			w.f.Close() // ends loop
 		}
 	})
@@ -321,15 +326,15 @@ const (
 	evClosed         // a read-only descriptor of it was closed
 )
 
-// notify delivers an event of kind ev for name ("" for every
+// notify delivers an event of kind ev for name (empty for every
 // subscription). A closing reaches only the subscriptions that ask for it
 // (closes), and they hear of nothing else but events that may hide one.
-func (w *watcher) notify(name string, ev int) {
+func (w *watcher) notify(name []byte, ev int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	deliver := func(m map[*subscription]struct{}) {
 		for s := range m {
-			if name != "" && s.closes != (ev == evClosed) {
+			if len(name) != 0 && s.closes != (ev == evClosed) {
 				continue
 			}
 			if ev == evFreed {
@@ -338,8 +343,8 @@ func (w *watcher) notify(name string, ev int) {
 			signal(s.poke)
 		}
 	}
-	if name != "" {
-		deliver(w.subs[name])
+	if len(name) != 0 {
+		deliver(w.subs[string(name)])
 		return
 	}
 	for _, m := range w.subs {
@@ -353,7 +358,7 @@ func (w *watcher) loop() {
 		n, err := w.f.Read(buf)
 		if err != nil {
 			if !errors.Is(err, os.ErrClosed) {
-				w.notify("", evFreed) // cannot watch any more: let waiters re-check
+				w.notify(nil, evFreed) // cannot watch any more: let waiters re-check
 			}
 			return
 		}
@@ -361,7 +366,7 @@ func (w *watcher) loop() {
 			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
 			nameBytes := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
 			off += unix.SizeofInotifyEvent + int(ev.Len)
-			name := string(trimNUL(nameBytes))
+			name := trimNUL(nameBytes) // looked up without a copy
 			switch {
 			case ev.Mask&unix.IN_IGNORED != 0:
 				// The directory is gone or moved: no more events will come.
@@ -371,10 +376,10 @@ func (w *watcher) loop() {
 					delete(watchers, w.dir)
 				}
 				watchersMu.Unlock()
-				w.notify("", evFreed)
+				w.notify(nil, evFreed)
 			case ev.Mask&(unix.IN_Q_OVERFLOW|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF) != 0:
-				w.notify("", evFreed)
-			case name == "":
+				w.notify(nil, evFreed)
+			case len(name) == 0:
 			case ev.Mask&(unix.IN_DELETE|unix.IN_MOVED_FROM) != 0:
 				w.notify(name, evFreed)
 			case ev.Mask&unix.IN_MODIFY != 0:
