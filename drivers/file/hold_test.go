@@ -80,16 +80,7 @@ func TestHoldWatcherClosesLost(t *testing.T) {
 func TestHoldWatcherRelease(t *testing.T) {
 	d := open(t, t.TempDir())
 	ctx := ctxT(t)
-	tok, err := d.Acquire(ctx, "k", "A", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lost := make(chan error, 1)
-	stop, err := d.WatchHold("k", "A", tok, func(err error) { lost <- err })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	lost := acquireWatched(t, d, "k")
 	if err := d.Release(ctx, "k", "A"); err != nil {
 		t.Fatal(err)
 	}
@@ -117,16 +108,7 @@ func TestHoldWatcherRelease(t *testing.T) {
 func TestHoldCheckGivesUpOnHeldFlock(t *testing.T) {
 	d := open(t, t.TempDir())
 	ctx := ctxT(t)
-	tok, err := d.Acquire(ctx, "k", "A", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lost := make(chan error, 1)
-	stop, err := d.WatchHold("k", "A", tok, func(err error) { lost <- err })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	lost := acquireWatched(t, d, "k")
 
 	unlock := holdFlock(t, d.Path("k"))
 	began := time.Now()
@@ -153,7 +135,7 @@ func TestHoldCheckGivesUpOnHeldFlock(t *testing.T) {
 	}
 
 	// A second watch, stopped while its check waits for the flock.
-	tok, err = d.Acquire(ctx, "k2", "A", time.Minute)
+	tok, err := d.Acquire(ctx, "k2", "A", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,4 +184,21 @@ func waitFlocksStill(t *testing.T, within time.Duration, what string) {
 			last, since = n, time.Now()
 		}
 	}
+}
+
+// acquireWatched takes key for owner "A" and watches the hold until the
+// test ends; the returned channel receives the loss reported.
+func acquireWatched(t *testing.T, d *Locker, key string) <-chan error {
+	t.Helper()
+	tok, err := d.Acquire(ctxT(t), key, "A", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := make(chan error, 1)
+	stop, err := d.WatchHold(key, "A", tok, func(err error) { lost <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return lost
 }
