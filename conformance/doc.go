@@ -542,7 +542,9 @@
 // package faultproxy: every Locker reaches the servers through proxies of
 // its own. Each fault subtest runs three Lockers (separate "processes")
 // that take turns holding one key for a bounded time (FaultTimeEnv; 8 units
-// and at least 2s by default), while the fault is injected at random moments,
+// and at least 2s by default, and on, up to four times as long, until the
+// key and the shared track have each been granted once), while the fault
+// is injected at random moments,
 // aimed at the current holder where it has one. A holder, while it believes
 // it holds the key, writes its token to a fenced register every unit/10;
 // every operation records when it started and ended, and every grant when
