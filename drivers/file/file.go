@@ -165,7 +165,10 @@ func checkPrivateDir(dir string) error {
 func (l *Locker) Dir() string { return l.dir }
 
 // Path returns the lock file of key: Dir()/<hash of key>.lck.
-func (l *Locker) Path(key string) string { return filepath.Join(l.dir, fileName(key)) }
+func (l *Locker) Path(key string) string { return l.pathOf(fileName(key)) }
+
+// pathOf is the path of the file name in the Locker's directory.
+func (l *Locker) pathOf(name string) string { return filepath.Join(l.dir, name) }
 
 // Capabilities reports that any positive TTL is kept exactly (expiry is
 // compared on the host's monotonic clock) and that tokens survive the loss

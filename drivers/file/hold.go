@@ -68,10 +68,10 @@ func (s *subscription) watchHold(owner string, token uint64, lost func(error)) {
 // checkCtx bounds one hold check's wait for the lock file's flock: it is
 // done when the watch stops, and past its deadline (holdCheckTimeout after
 // the check began) its Err is context.DeadlineExceeded, which flockFile
-// checks between its attempts (at most 2ms apart). Unlike a context.Context from package
-// context, Done is not closed at the deadline; flockFile, its only user,
-// polls Err. One per watch, reused by every check: a check allocates no
-// context, timer or goroutine.
+// checks between its attempts (at most 2ms apart). Unlike a context from
+// package context, its Done is not closed at the deadline: flockFile, its
+// only user, polls Err. One per watch, reused by every check, so that a
+// check allocates no context, timer or goroutine.
 type checkCtx struct {
 	done     <-chan struct{}
 	deadline time.Time

@@ -112,6 +112,7 @@ func TestHoldCheckGivesUpOnHeldFlock(t *testing.T) {
 
 	unlock := holdFlock(t, d.Path("k"))
 	began := time.Now()
+	waitFlocksMove(t, "the check after the write under the flock")
 	waitFlocksStill(t, 3*time.Second, "a check blocked on the flock")
 	if gave := time.Since(began); gave < holdCheckTimeout/2 {
 		t.Fatalf("the check gave up after %v, want about %v", gave, holdCheckTimeout)
@@ -183,6 +184,18 @@ func waitFlocksStill(t *testing.T, within time.Duration, what string) {
 		if n := flocks.Load(); n != last {
 			last, since = n, time.Now()
 		}
+	}
+}
+
+// waitFlocksMove waits, up to 2s, until a flock attempt is made.
+func waitFlocksMove(t *testing.T, what string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for n := flocks.Load(); flocks.Load() == n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not try the flock within 2s", what)
+		}
+		time.Sleep(time.Millisecond) // polling a counter with a deadline
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 	"unsafe"
@@ -66,7 +65,7 @@ func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 // l so that Close ends it. After Close it returns driver.ErrClosed.
 func (l *Locker) newSubscription(key string) (*subscription, error) {
 	name := fileName(key)
-	return l.watchFile(key, filepath.Join(l.dir, name), name, false)
+	return l.watchFile(key, l.pathOf(name), name, false)
 }
 
 // watchFile starts a subscription to the events on the file name (at path)
