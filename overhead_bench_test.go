@@ -2,11 +2,17 @@ package locker_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-locker/locker"
+	_ "github.com/go-locker/locker/drivers/etcd"
 	_ "github.com/go-locker/locker/drivers/file"
+	_ "github.com/go-locker/locker/drivers/postgres"
+	"github.com/go-locker/locker/drivers/rueidis"
+	"github.com/go-locker/locker/internal/etcdtest"
+	"github.com/go-locker/locker/internal/pgtest"
 	"github.com/go-locker/locker/internal/redistest"
 )
 
@@ -23,6 +29,15 @@ func BenchmarkPackageOverDriver(b *testing.B) {
 	b.Run("mem", func(b *testing.B) { packageOverDriver(b, "mem://") })
 	b.Run("file", func(b *testing.B) { packageOverDriver(b, "file://"+b.TempDir()) })
 	b.Run("redis", func(b *testing.B) { packageOverDriver(b, redistest.Start(b).URL()) })
+	b.Run("rueidis", func(b *testing.B) {
+		packageOverDriver(b, strings.Replace(redistest.Start(b).URL(), "redis://", rueidis.Scheme+"://", 1))
+	})
+	b.Run("etcd", func(b *testing.B) { packageOverDriver(b, etcdtest.Start(b).URL("/bench")) })
+	b.Run("postgres", func(b *testing.B) {
+		pg := pgtest.Start(b)
+		b.Run("advisory", func(b *testing.B) { packageOverDriver(b, pg.URL()) })
+		b.Run("lease", func(b *testing.B) { packageOverDriver(b, pg.URL()+"&mode=lease") })
+	})
 }
 
 func packageOverDriver(b *testing.B, url string) {

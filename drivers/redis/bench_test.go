@@ -136,6 +136,43 @@ func BenchmarkAcquireReleaseInterleaved(b *testing.B) {
 	b.ReportMetric(float64(drv)/float64(raw), "driver/raw")
 }
 
+// BenchmarkCancellableContext measures what honouring a context's
+// cancellation costs on go-redis, which does not return when a context is
+// cancelled: a call on a context that can be cancelled runs on a worker
+// goroutine while its caller waits for it or for the context. One op is
+// one driver acquire+release on context.Background() and one on a context
+// that can be cancelled (as package locker's always can: Close cuts short
+// the calls under way), alternately in one loop; it reports the mean of
+// each (bg-ns, cancellable-ns), their ratio and each pair's allocations.
+func BenchmarkCancellableContext(b *testing.B) {
+	l := openT(b, redistest.Start(b).URL())
+	bg := context.Background()
+	cctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	pair := func(ctx context.Context) {
+		if _, err := l.Acquire(ctx, "k", "owner", 30*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx, "k", "owner"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var plain, cut time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		pair(bg)
+		t1 := time.Now()
+		pair(cctx)
+		plain += t1.Sub(t0)
+		cut += time.Since(t1)
+	}
+	b.ReportMetric(float64(plain.Nanoseconds())/float64(b.N), "bg-ns")
+	b.ReportMetric(float64(cut.Nanoseconds())/float64(b.N), "cancellable-ns")
+	b.ReportMetric(float64(cut)/float64(plain), "cancellable/bg")
+	b.ReportMetric(testing.AllocsPerRun(200, func() { pair(bg) }), "bg-allocs")
+	b.ReportMetric(testing.AllocsPerRun(200, func() { pair(cctx) }), "cancellable-allocs")
+}
+
 // BenchmarkRoundTrip is one PING: the unit the handoff is measured in.
 func BenchmarkRoundTrip(b *testing.B) {
 	s := redistest.Start(b)

@@ -15,7 +15,24 @@ type conn struct {
 	owns bool // Close closes c only when the driver created it
 }
 
-var _ rediscore.Conn = (*conn)(nil)
+var (
+	_ rediscore.Conn      = (*conn)(nil)
+	_ rediscore.TimedConn = (*conn)(nil)
+)
+
+// Timed implements rediscore.TimedConn: go-redis bounds each read and
+// write by the client's ReadTimeout and WriteTimeout, when both are on.
+func (c *conn) Timed() bool {
+	switch x := c.c.(type) {
+	case *redis.Client:
+		o := x.Options()
+		return o.ReadTimeout > 0 && o.WriteTimeout > 0
+	case *redis.ClusterClient:
+		o := x.Options()
+		return o.ReadTimeout > 0 && o.WriteTimeout > 0
+	}
+	return false
+}
 
 // Run implements rediscore.Conn: EVALSHA, then EVAL on NOSCRIPT (EVAL also
 // caches the script, so the next EVALSHA hits).

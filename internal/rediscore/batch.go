@@ -22,7 +22,8 @@ type Reply struct {
 
 // refreshCall is the RefreshScript call that refreshes key for owner.
 func refreshCall(pfx, key, owner, ms string) Call {
-	lock, _, ch := Keys(pfx, key)
+	lock := LockKey(pfx, key)
+	ch := lock
 	ql, _ := QueueKeys(lock)
 	return Call{Keys: []string{lock, ql}, Args: []string{owner, ms, ch, WakeChannel(pfx, "")}}
 }

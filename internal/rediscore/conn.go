@@ -31,6 +31,14 @@ type Conn interface {
 	Close() error
 }
 
+// TimedConn is implemented by a Conn whose calls each end within the
+// client's own timeouts, whatever their context (Timed reports whether they
+// do). A call that must outlive its caller's context then needs no deadline
+// of its own.
+type TimedConn interface {
+	Timed() bool
+}
+
 // ctxErr returns an error wrapping ctx.Err() when ctx is done, so callers
 // see errors.Is(err, context.Canceled/DeadlineExceeded) even when the client
 // reported the cancellation in its own words.

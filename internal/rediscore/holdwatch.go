@@ -54,10 +54,17 @@ type HoldWatch struct {
 	end  context.CancelFunc
 }
 
+// holdKey is one watched lock key. It is also the context of its reads,
+// done when the watch of the key ends (stop is closed).
 type holdKey struct {
-	entries map[*holdEntry]struct{}
+	entries entrySet
+	one     [1]*holdEntry // entries' first backing array
 	dirty   chan struct{} // buffered 1: a re-read is due
 	stop    chan struct{} // closed when the last entry leaves
+	// afters are the functions AfterFunc registered, run by end.
+	afterMu sync.Mutex
+	afters  map[*func()]struct{}
+	ended   bool
 	// inval counts the invalidations of the key (under HoldWatch.mu);
 	// readInval is its value when the last completed read began.
 	inval, readInval uint64
@@ -88,7 +95,7 @@ func NewHoldWatch(read HoldReader, prefix string) *HoldWatch {
 // the tracking) runs in the background. Errors: driver.ErrClosed after
 // Close.
 func (h *HoldWatch) Watch(key, owner string, token uint64, lost func(error)) (stop func(), err error) {
-	return h.add(&holdEntry{key: key, owner: owner, value: strconv.FormatUint(token, 10) + ":" + owner, lost: lost})
+	return h.add(&holdEntry{key: key, owner: owner, value: grantValue(token, owner), lost: lost})
 }
 
 // WatchChanges implements driver.ChangeWatcher over the same reads: changed
@@ -104,9 +111,16 @@ func (h *HoldWatch) WatchChanges(key string, changed func()) (stop func(), err e
 	return h.add(&holdEntry{key: key, changed: changed})
 }
 
+// grantValue is the lock key's value for a grant: "<token>:<owner>".
+func grantValue(token uint64, owner string) string {
+	var buf [20]byte
+	t := strconv.AppendUint(buf[:0], token, 10)
+	return string(t) + ":" + owner
+}
+
 // add starts watching e's key with e.
 func (h *HoldWatch) add(e *holdEntry) (stop func(), err error) {
-	lock, _, _ := Keys(h.prefix, e.key)
+	lock := LockKey(h.prefix, e.key)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -114,14 +128,92 @@ func (h *HoldWatch) add(e *holdEntry) (stop func(), err error) {
 	}
 	k := h.keys[lock]
 	if k == nil {
-		k = &holdKey{entries: map[*holdEntry]struct{}{}, dirty: make(chan struct{}, 1), stop: make(chan struct{})}
+		k = &holdKey{dirty: make(chan struct{}, 1), stop: make(chan struct{})}
+		k.entries = k.one[:0]
 		h.keys[lock] = k
 		h.wg.Add(1)
 		go h.loop(lock, k)
 	}
-	k.entries[e] = struct{}{}
+	k.entries.add(e)
 	k.mark()
 	return func() { h.remove(lock, k, e) }, nil
+}
+
+// end stops k's loop, cutting short a read under way. Called under
+// HoldWatch.mu, once.
+func (k *holdKey) end() {
+	close(k.stop)
+	k.afterMu.Lock()
+	k.ended = true
+	afters := k.afters
+	k.afters = nil
+	k.afterMu.Unlock()
+	for f := range afters {
+		go (*f)()
+	}
+}
+
+// AfterFunc arranges for f to run in its own goroutine when the watch of
+// the key ends; stop, as context.AfterFunc's. With it, a context derived
+// from k (the read timeouts) follows k without a goroutine of its own.
+func (k *holdKey) AfterFunc(f func()) (stop func() bool) {
+	k.afterMu.Lock()
+	defer k.afterMu.Unlock()
+	if k.ended {
+		go f()
+		return func() bool { return false }
+	}
+	if k.afters == nil {
+		k.afters = map[*func()]struct{}{}
+	}
+	p := &f
+	k.afters[p] = struct{}{}
+	return func() bool {
+		k.afterMu.Lock()
+		defer k.afterMu.Unlock()
+		_, ok := k.afters[p]
+		delete(k.afters, p)
+		return ok
+	}
+}
+
+// Deadline implements context.Context: none.
+func (k *holdKey) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+// Done implements context.Context: closed when the watch of the key ends.
+func (k *holdKey) Done() <-chan struct{} { return k.stop }
+
+// Err implements context.Context: context.Canceled once Done is closed.
+func (k *holdKey) Err() error {
+	select {
+	case <-k.stop:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+
+// Value implements context.Context: none.
+func (k *holdKey) Value(any) any { return nil }
+
+// entrySet is the watches of one key: a slice, as a key rarely has more
+// than one.
+type entrySet []*holdEntry
+
+func (s *entrySet) add(e *holdEntry) { *s = append(*s, e) }
+
+// remove removes e and reports whether it was there.
+func (s *entrySet) remove(e *holdEntry) bool {
+	for i, x := range *s {
+		if x == e {
+			last := len(*s) - 1
+			(*s)[i] = (*s)[last]
+			(*s)[last] = nil
+			*s = (*s)[:last]
+			return true
+		}
+	}
+	return false
 }
 
 func (k *holdKey) mark() {
@@ -135,13 +227,12 @@ func (k *holdKey) mark() {
 func (h *HoldWatch) remove(lock string, k *holdKey, e *holdEntry) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if _, ok := k.entries[e]; !ok {
+	if !k.entries.remove(e) {
 		return
 	}
-	delete(k.entries, e)
 	if len(k.entries) == 0 && h.keys[lock] == k {
 		delete(h.keys, lock)
-		close(k.stop)
+		k.end()
 	}
 }
 
@@ -165,7 +256,7 @@ func (h *HoldWatch) Reset() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, k := range h.keys {
-		for e := range k.entries {
+		for _, e := range k.entries {
 			// A change while the connection was down may have been
 			// missed: report the next read whatever it finds.
 			e.seen = false
@@ -181,12 +272,12 @@ func (h *HoldWatch) Reset() {
 // the release says so), those watches end; on any other error the lock may
 // still be held, and they resume with a fresh read.
 func (h *HoldWatch) Releasing(key, owner string) (done func(err error)) {
-	lock, _, _ := Keys(h.prefix, key)
+	lock := LockKey(h.prefix, key)
 	h.mu.Lock()
 	k := h.keys[lock]
 	var es []*holdEntry
 	if k != nil {
-		for e := range k.entries {
+		for _, e := range k.entries {
 			if e.owner == owner && !e.releasing {
 				e.releasing = true
 				es = append(es, e)
@@ -221,7 +312,7 @@ func (h *HoldWatch) Close() {
 		h.closed = true
 		for lock, k := range h.keys {
 			delete(h.keys, lock)
-			close(k.stop)
+			k.end()
 		}
 	}
 	h.mu.Unlock()
@@ -233,12 +324,7 @@ func (h *HoldWatch) Close() {
 // leaves.
 func (h *HoldWatch) loop(lock string, k *holdKey) {
 	defer h.wg.Done()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		<-k.stop
-		cancel()
-	}()
+	var ctx context.Context = k
 	backoff := 10 * time.Millisecond
 	for {
 		select {
@@ -280,7 +366,7 @@ func (h *HoldWatch) loop(lock string, k *holdKey) {
 func (h *HoldWatch) watching(k *holdKey) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for e := range k.entries {
+	for _, e := range k.entries {
 		if !e.releasing {
 			return true
 		}
@@ -304,7 +390,7 @@ func (h *HoldWatch) check(lock string, k *holdKey, v string, exists bool, inval 
 	h.mu.Lock()
 	written := !exists && inval != k.readInval
 	k.readInval = inval
-	for e := range k.entries {
+	for _, e := range k.entries {
 		if e.changed != nil {
 			if !e.seen || e.last != cur || written {
 				e.seen, e.last = true, cur
@@ -317,12 +403,14 @@ func (h *HoldWatch) check(lock string, k *holdKey, v string, exists bool, inval 
 		}
 		if !exists || v != e.value {
 			gone = append(gone, e)
-			delete(k.entries, e)
 		}
+	}
+	for _, e := range gone {
+		k.entries.remove(e)
 	}
 	if len(k.entries) == 0 && h.keys[lock] == k {
 		delete(h.keys, lock)
-		close(k.stop)
+		k.end()
 	}
 	h.mu.Unlock()
 	for _, e := range changed {

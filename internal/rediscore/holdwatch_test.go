@@ -2,6 +2,7 @@ package rediscore
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -69,5 +70,81 @@ func TestHoldWatchChangeBetweenReads(t *testing.T) {
 	h.Invalidate(lock)
 	if read := expect("a release"); read == refresh {
 		t.Fatal("a refresh (the same value after an invalidation) was reported")
+	}
+}
+
+// Two grants watched on one key: a read that shows one of them reports
+// only the other lost; stopping a watch cuts short the read under way
+// only when it was the key's last.
+func TestHoldWatchEntriesOfOneKey(t *testing.T) {
+	var mu sync.Mutex
+	value := "1:a"
+	started := make(chan context.Context, 16)
+	block := false
+	h := NewHoldWatch(func(ctx context.Context, _ string) (string, bool, error) {
+		mu.Lock()
+		v, b := value, block
+		mu.Unlock()
+		if b {
+			started <- ctx
+			<-ctx.Done()
+			return "", false, ctx.Err()
+		}
+		return v, true, nil
+	}, "p")
+	defer h.Close()
+	lost := make(chan string, 4)
+	report := func(who string) func(error) { return func(error) { lost <- who } }
+	stopA, err := h.Watch("k", "a", 1, report("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopA()
+	stopB, err := h.Watch("k", "b", 2, report("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopB()
+	select {
+	case who := <-lost:
+		if who != "b" {
+			t.Fatalf("the read showed a's grant, and %s was reported lost", who)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("b's grant, absent from the read, was not reported lost")
+	}
+	// a alone is watched now; its next read blocks.
+	mu.Lock()
+	block = true
+	mu.Unlock()
+	stopC, err := h.Watch("k", "c", 3, report("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rctx context.Context
+	select {
+	case rctx = <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no read after a new watch")
+	}
+	stopC()
+	select {
+	case <-rctx.Done():
+		t.Fatal("a read was cut short while a's watch goes on")
+	case <-time.After(50 * time.Millisecond): // it must stay open: nothing to wait for
+	}
+	stopA()
+	select {
+	case <-rctx.Done():
+		if !errors.Is(rctx.Err(), context.Canceled) {
+			t.Fatalf("read's context ended with %v, want Canceled", rctx.Err())
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the key's last watch stopped, and its read went on")
+	}
+	select {
+	case who := <-lost:
+		t.Fatalf("%s reported lost", who)
+	default:
 	}
 }

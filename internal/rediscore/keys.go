@@ -23,14 +23,19 @@ const DefaultPrefix = "locker"
 // prefix defaults to DefaultPrefix when empty. It must not contain braces
 // (ParseOptions and Options.Validate reject them).
 func Keys(prefix, key string) (lock, counter, channel string) {
+	lock = LockKey(prefix, key)
+	return lock, lock + ":token", lock
+}
+
+// LockKey returns the lock key of Keys alone (also its channel), without
+// building the counter's name.
+func LockKey(prefix, key string) string {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
 	if strings.ContainsAny(key, "{}") {
 		sum := sha1.Sum([]byte(key))
-		lock = prefix + ":{" + hex.EncodeToString(sum[:]) + "}:" + key
-	} else {
-		lock = prefix + ":{" + key + "}"
+		return prefix + ":{" + hex.EncodeToString(sum[:]) + "}:" + key
 	}
-	return lock, lock + ":token", lock
+	return prefix + ":{" + key + "}"
 }

@@ -233,7 +233,8 @@ func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 	if err := ctx.Err(); err != nil {
 		return nil, nil, l.p.errorf("subscribe: %w", err)
 	}
-	lock, _, channel := Keys(l.opts.Prefix, key)
+	lock := LockKey(l.opts.Prefix, key)
+	channel := lock
 	wake, cancel, err := l.waiter.Subscribe(ctx, lock, channel)
 	if err != nil {
 		if errors.Is(err, driver.ErrClosed) {

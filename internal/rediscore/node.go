@@ -24,6 +24,10 @@ type Node struct {
 	closeMu sync.Mutex // orders enter against Close
 	closed  atomic.Bool
 	done    chan struct{} // closed by Close
+	jobs    chan *job     // to idle workers (worker.go)
+	idle    atomic.Int64  // workers idle and not claimed
+	workers atomic.Int64  // workers running (tests)
+	timed   bool          // c bounds each call itself (TimedConn)
 	retMS   string
 
 	// The fair queue (queue.go).
@@ -44,8 +48,9 @@ type Node struct {
 // not validated (call Options.Validate or ParseOptions first). Close closes c.
 func NewNode(c Conn, o Options) *Node {
 	o = o.WithDefaults()
-	return &Node{p: "redis", c: c, o: o, done: make(chan struct{}), wid: newWID(),
-		retMS: strconv.FormatInt(o.TokenRetention.Milliseconds(), 10)}
+	tc, ok := c.(TimedConn)
+	return &Node{p: "redis", c: c, o: o, done: make(chan struct{}), jobs: make(chan *job), wid: newWID(),
+		retMS: strconv.FormatInt(o.TokenRetention.Milliseconds(), 10), timed: ok && tc.Timed()}
 }
 
 // Options returns the options in effect, defaults applied.
@@ -228,27 +233,14 @@ func (n *Node) cleanup(lock, ch, owner string, token uint64) {
 // run calls c.Run (c.Ping if s is nil) and returns promptly once ctx is done, even if the
 // client does not watch ctx (the call then finishes in the background).
 func (n *Node) run(ctx context.Context, s *Script, keys []string, args ...string) (any, error) {
-	call := func() (any, error) {
-		if s == nil {
-			return nil, n.c.Ping(ctx)
-		}
-		return n.c.Run(ctx, s, keys, args...)
-	}
 	if ctx.Done() == nil {
-		return call()
+		return n.call(ctx, s, keys, args)
 	}
-	type reply struct {
-		v   any
-		err error
-	}
-	ch := make(chan reply, 1)
-	go func() {
-		v, err := call()
-		ch <- reply{v, err}
-	}()
+	j := newJob(ctx, s, keys, args, false)
+	n.start(j)
 	select {
-	case x := <-ch:
-		return x.v, x.err
+	case <-j.done:
+		return j.result()
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -273,7 +265,8 @@ func (n *Node) Release(ctx context.Context, key, owner string) error {
 	if err := n.check(ctx, key, owner, 0, false, true); err != nil {
 		return err
 	}
-	lock, _, ch := Keys(n.o.Prefix, key)
+	lock := LockKey(n.o.Prefix, key)
+	ch := lock
 	ql, qz := QueueKeys(lock)
 	r, err := n.run(ctx, ReleaseScript, []string{lock, ql, qz}, owner, ch, WakeChannel(n.o.Prefix, ""))
 	if err != nil {
@@ -291,7 +284,7 @@ func (n *Node) Inspect(ctx context.Context, key string) (driver.Info, error) {
 	if err := n.check(ctx, key, "", 0, false, false); err != nil {
 		return driver.Info{}, err
 	}
-	lock, _, _ := Keys(n.o.Prefix, key)
+	lock := LockKey(n.o.Prefix, key)
 	r, err := n.run(ctx, InspectScript, []string{lock})
 	if err != nil {
 		return driver.Info{}, n.p.ctxErr(ctx, "inspect", err)

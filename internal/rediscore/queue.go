@@ -586,24 +586,16 @@ func (n *Node) runDetached(ctx context.Context, s *Script, keys, args []string, 
 		v, err = n.c.Run(ctx, s, keys, args...)
 		return v, err, false
 	}
-	type reply struct {
-		v   any
-		err error
-	}
-	rc := make(chan reply, 1)
-	go func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.detachedTimeout())
-		defer cancel()
-		v, err := n.c.Run(rctx, s, keys, args...)
-		rc <- reply{v, err}
-	}()
+	j := newJob(ctx, s, keys, args, true)
+	n.start(j)
 	select {
-	case x := <-rc:
-		return x.v, x.err, false
+	case <-j.done:
+		v, err = j.result()
+		return v, err, false
 	case <-ctx.Done():
 		n.background(func() {
-			x := <-rc
-			onAbandon(n.p.parseGrant(x.v, x.err))
+			<-j.done
+			onAbandon(n.p.parseGrant(j.v, j.err))
 		})
 		return nil, nil, true
 	}

@@ -500,7 +500,8 @@ func (r *Redlock) Release(ctx context.Context, key, owner string) error {
 	if err := r.check(ctx, key, owner, 0, false, true); err != nil {
 		return err
 	}
-	lock, _, ch := Keys(r.o.Prefix, key)
+	lock := LockKey(r.o.Prefix, key)
+	ch := lock
 	res := r.each(ctx, ReleaseScript, lockAndQueue(lock), owner, ch, WakeChannel(r.o.Prefix, ""))
 	released, failed := 0, 0
 	for _, x := range res {
@@ -537,7 +538,7 @@ func (r *Redlock) Inspect(ctx context.Context, key string) (driver.Info, error) 
 	if err := r.check(ctx, key, "", 0, false, false); err != nil {
 		return driver.Info{}, err
 	}
-	lock, _, _ := Keys(r.o.Prefix, key)
+	lock := LockKey(r.o.Prefix, key)
 	res := r.each(ctx, InspectScript, []string{lock})
 	byOwner := map[string][]driver.Info{}
 	failed := 0
