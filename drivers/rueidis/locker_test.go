@@ -186,3 +186,57 @@ func TestOpenContext(t *testing.T) {
 		}
 	}
 }
+
+// A call stuck on a frozen server returns as soon as its context is
+// cancelled, whether the context has a deadline or not, on a Locker whose
+// connection has carried only calls without a context's cancellation
+// (context.Background) and on one that has.
+func TestCancelOnFrozenServer(t *testing.T) {
+	for _, warm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
+			s := redistest.Start(t)
+			l := openT(t, urlOf(s.Addr))
+			owner := newOwner()
+			if _, err := l.Acquire(context.Background(), "k", owner, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if warm {
+				if _, err := l.Inspect(ctxT(t, 10*time.Second), "k"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.Stop()
+			t.Cleanup(s.Cont)
+			calls := map[string]func(context.Context) error{
+				"refresh": func(ctx context.Context) error { return l.Refresh(ctx, "k", owner, time.Minute) },
+				"release": func(ctx context.Context) error { return l.Release(ctx, "k", owner) },
+				"inspect": func(ctx context.Context) error { _, err := l.Inspect(ctx, "k"); return err },
+				"acquire": func(ctx context.Context) error { _, err := l.Acquire(ctx, "k2", owner, time.Minute); return err },
+			}
+			for name, call := range calls {
+				for _, deadline := range []bool{false, true} {
+					ctx, cancel := context.WithCancel(context.Background())
+					if deadline {
+						ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+					}
+					errc := make(chan error, 1)
+					go func() { errc <- call(ctx) }()
+					time.Sleep(50 * time.Millisecond) // let the call reach the socket; the assertion below does not depend on it
+					start := time.Now()
+					cancel()
+					select {
+					case err := <-errc:
+						if !errors.Is(err, context.Canceled) {
+							t.Errorf("%s (deadline %v) cut short: %v", name, deadline, err)
+						}
+					case <-time.After(5 * time.Second):
+						t.Fatalf("%s (deadline %v) did not return within 5s of its cancellation", name, deadline)
+					}
+					if d := time.Since(start); d > time.Second {
+						t.Errorf("%s (deadline %v) returned %v after its cancellation", name, deadline, d)
+					}
+				}
+			}
+		})
+	}
+}
