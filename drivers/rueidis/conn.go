@@ -33,11 +33,6 @@ type conn struct {
 	closeOnce sync.Once
 }
 
-// ReturnsOnCancel implements rediscore.CancelConn: rueidis queues a command
-// whose context has no deadline and stops waiting for its reply once the
-// context is done.
-func (c *conn) ReturnsOnCancel() bool { return true }
-
 var _ rediscore.Conn = (*conn)(nil)
 
 // scripts maps each shared script to its rueidis.Lua, which runs EVALSHA and

@@ -39,15 +39,6 @@ type TimedConn interface {
 	Timed() bool
 }
 
-// CancelConn is implemented by a Conn whose Run and Ping return as soon as
-// a context without a deadline is done (rueidis aborts its wait for the
-// reply). Node then runs such calls on the caller's goroutine; a context
-// with a deadline still goes through a worker, as the client may wait on
-// the socket until the deadline.
-type CancelConn interface {
-	ReturnsOnCancel() bool
-}
-
 // ctxErr returns an error wrapping ctx.Err() when ctx is done, so callers
 // see errors.Is(err, context.Canceled/DeadlineExceeded) even when the client
 // reported the cancellation in its own words.

@@ -28,7 +28,6 @@ type Node struct {
 	idle    atomic.Int64  // workers idle and not claimed
 	workers atomic.Int64  // workers running (tests)
 	timed   bool          // c bounds each call itself (TimedConn)
-	cancels bool          // c returns when a context without deadline is done (CancelConn)
 	retMS   string
 
 	// The fair queue (queue.go).
@@ -50,8 +49,7 @@ type Node struct {
 func NewNode(c Conn, o Options) *Node {
 	o = o.WithDefaults()
 	tc, ok := c.(TimedConn)
-	cc, cok := c.(CancelConn)
-	return &Node{cancels: cok && cc.ReturnsOnCancel(), p: "redis", c: c, o: o, done: make(chan struct{}), jobs: make(chan *job), wid: newWID(),
+	return &Node{p: "redis", c: c, o: o, done: make(chan struct{}), jobs: make(chan *job), wid: newWID(),
 		retMS: strconv.FormatInt(o.TokenRetention.Milliseconds(), 10), timed: ok && tc.Timed()}
 }
 
@@ -235,7 +233,7 @@ func (n *Node) cleanup(lock, ch, owner string, token uint64) {
 // run calls c.Run (c.Ping if s is nil) and returns promptly once ctx is done, even if the
 // client does not watch ctx (the call then finishes in the background).
 func (n *Node) run(ctx context.Context, s *Script, keys []string, args ...string) (any, error) {
-	if ctx.Done() == nil || n.cancels && noDeadline(ctx) {
+	if ctx.Done() == nil {
 		return n.call(ctx, s, keys, args)
 	}
 	j := newJob(ctx, s, keys, args, false)
@@ -246,12 +244,6 @@ func (n *Node) run(ctx context.Context, s *Script, keys []string, args ...string
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-}
-
-// noDeadline reports whether ctx has no deadline.
-func noDeadline(ctx context.Context) bool {
-	_, ok := ctx.Deadline()
-	return !ok
 }
 
 // Refresh implements driver.Locker: one EVALSHA of RefreshScript; ErrNotHeld
