@@ -54,11 +54,16 @@ func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args
 		return nil, err
 	}
 	var resp rueidis.RedisResult
-	if done, ok := c.w.wantsArm(keyOf(s, keys)); ok && c.watch != nil {
-		resp = c.runTracked(ctx, s, keys, args)
-		done(resp.NonRedisError() == nil)
-	} else {
-		resp = luaFor(s).Exec(ctx, cl, keys, args)
+	for try := 1; ; try++ {
+		if done, ok := c.w.wantsArm(keyOf(s, keys)); ok && c.watch != nil {
+			resp = c.runTracked(ctx, s, keys, args)
+			done(resp.NonRedisError() == nil)
+		} else {
+			resp = luaFor(s).Exec(ctx, cl, keys, args)
+		}
+		if try == borrowedTries || !borrowedCtxErr(ctx, resp.NonRedisError()) {
+			break
+		}
 	}
 	msg, err := resp.ToMessage()
 	if err != nil {
@@ -68,6 +73,21 @@ func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args
 		return nil, c.wrap(ctx, err)
 	}
 	return convert(&msg)
+}
+
+// borrowedTries bounds the tries of a call that failed with another
+// call's context error (see borrowedCtxErr).
+const borrowedTries = 3
+
+// borrowedCtxErr reports whether err is context.Canceled while ctx is not
+// done: rueidis dials a connection on the context of the call that needs it
+// first, and gives the calls waiting for that dial its outcome; when that
+// call is cancelled, they fail with context.Canceled though their command
+// was never sent. Such a call is tried again, on a new dial. (A
+// DeadlineExceeded is not retried: rueidis also reports it for a
+// connection that failed under a command already sent.)
+func borrowedCtxErr(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() == nil && errors.Is(err, context.Canceled)
 }
 
 // keyOf returns the lock key an acquire attempt reads, or "".
