@@ -2,7 +2,6 @@ package locker_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -29,9 +28,7 @@ func BenchmarkPackageOverDriver(b *testing.B) {
 	b.Run("mem", func(b *testing.B) { packageOverDriver(b, "mem://") })
 	b.Run("file", func(b *testing.B) { packageOverDriver(b, "file://"+b.TempDir()) })
 	b.Run("redis", func(b *testing.B) { packageOverDriver(b, redistest.Start(b).URL()) })
-	b.Run("rueidis", func(b *testing.B) {
-		packageOverDriver(b, strings.Replace(redistest.Start(b).URL(), "redis://", rueidis.Scheme+"://", 1))
-	})
+	b.Run("rueidis", func(b *testing.B) { packageOverDriver(b, rueidis.Scheme+"://"+redistest.Start(b).Addr) })
 	b.Run("etcd", func(b *testing.B) { packageOverDriver(b, etcdtest.Start(b).URL("/bench")) })
 	b.Run("postgres", func(b *testing.B) {
 		pg := pgtest.Start(b)

@@ -271,8 +271,8 @@ func TestAcquireWaitCancel(t *testing.T) {
 // An AcquireWait blocked in the server and cut short, by its context or by
 // Close, right as the holder lets go leaves nothing behind: once it and the
 // holder's Release have returned, the key is neither held nor waited for on
-// the server, whether or not the wait was granted before the cut. A grant that wins the race
-// is returned; Close releases it before it returns.
+// the server, whether or not the wait was granted before the cut. A grant
+// that wins the race is returned; Close releases it before it returns.
 func TestAcquireWaitCutShortLeavesNothing(t *testing.T) {
 	url := serverURL(t)
 	a, probe := openT(t, url), openT(t, url)

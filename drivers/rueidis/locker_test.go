@@ -189,8 +189,8 @@ func TestOpenContext(t *testing.T) {
 
 // A call stuck on a frozen server returns as soon as its context is
 // cancelled, whether the context has a deadline or not, on a Locker whose
-// connection has carried only calls without a context's cancellation
-// (context.Background) and on one that has.
+// connection has carried only a call on context.Background and on one whose
+// connection has also carried a call with a deadline.
 func TestCancelOnFrozenServer(t *testing.T) {
 	for _, warm := range []bool{false, true} {
 		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
