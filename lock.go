@@ -53,7 +53,7 @@ type Lock struct {
 	hold      holdOps   // Refresh and Release on the server: the driver's, or a shared hold's (shared.go)
 	batched   bool      // renewals go through the Locker's batcher (renew.go)
 
-	io chan struct{}    // serialises refreshes, so the last success is the last applied
+	io chan struct{}    // serialises refreshes, so the last success is the last applied; made by the first (ioSlot)
 	ev [numEvents]event // the deadline, max-hold and renewal events (sched.go)
 
 	// renewals counts the automatic renewal in flight (0 or 1): Release
@@ -81,7 +81,6 @@ func newLock(l *Locker, key string, o options, token uint64, start, granted time
 	lk := &Lock{
 		l: l, key: key, owner: o.owner, token: token, autoRenew: o.autoRenew,
 		start: start, granted: granted, attrs: o.attrs, onLost: o.onLost,
-		io:       make(chan struct{}, 1),
 		ttl:      o.ttl,
 		deadline: l.safeDeadline(start, o.ttl),
 		hold:     o.hold,
@@ -531,22 +530,34 @@ var (
 	errMaxHold  = &lostError{cause: CauseMaxHold, msg: "held for the bound set by WithMaxHold: renewal stopped and the lock is released"}
 )
 
+// ioSlot returns io, made on the first call: a lock released before its
+// first refresh needs none.
+func (lk *Lock) ioSlot() chan struct{} {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.io == nil {
+		lk.io = make(chan struct{}, 1)
+	}
+	return lk.io
+}
+
 // refresh sends one Refresh with ttl and moves the safe deadline. auto marks
 // a background renewal, which gets its own timeout and, on a driver that
 // is a driver.BatchRefresher, goes to the server in a batch (renew.go).
 func (lk *Lock) refresh(ctx context.Context, ttl time.Duration, auto bool) error {
+	io := lk.ioSlot()
 	select {
-	case lk.io <- struct{}{}:
+	case io <- struct{}{}:
 	default:
 		select {
-		case lk.io <- struct{}{}:
+		case io <- struct{}{}:
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-lk.stopped():
 			return lk.notHeld()
 		}
 	}
-	defer func() { <-lk.io }()
+	defer func() { <-io }()
 
 	lk.mu.Lock()
 	if lk.state != stateHeld {

@@ -2,6 +2,7 @@ package locker
 
 import (
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -106,13 +107,22 @@ func WithMinHold(d time.Duration) Option {
 // maxOwnerLen bounds owner strings so that every backend can store them.
 const maxOwnerLen = 256
 
+// optionsPool holds the options that buildOptions applies Options to: an
+// Option takes a pointer, so options of its own would escape to the heap
+// on every call. No Option keeps the pointer.
+var optionsPool = sync.Pool{New: func() any { return new(options) }}
+
 func buildOptions(opts []Option) (options, error) {
-	o := options{ttl: DefaultTTL, autoRenew: true}
+	p := optionsPool.Get().(*options)
+	*p = options{ttl: DefaultTTL, autoRenew: true}
 	for _, opt := range opts {
 		if opt != nil {
-			opt(&o)
+			opt(p)
 		}
 	}
+	o := *p
+	*p = options{}
+	optionsPool.Put(p)
 	if o.ttl <= 0 {
 		return o, fmt.Errorf("%w: ttl must be positive, got %v", ErrInvalid, o.ttl)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -165,10 +166,28 @@ func checkPrivateDir(dir string) error {
 func (l *Locker) Dir() string { return l.dir }
 
 // Path returns the lock file of key: Dir()/<hash of key>.lck.
-func (l *Locker) Path(key string) string { return l.pathOf(fileName(key)) }
+func (l *Locker) Path(key string) string {
+	p, _ := l.pathName(key)
+	return p
+}
 
-// pathOf is the path of the file name in the Locker's directory.
-func (l *Locker) pathOf(name string) string { return filepath.Join(l.dir, name) }
+// pathName returns Path(key) and fileName(key), a suffix of it, built in
+// one allocation.
+func (l *Locker) pathName(key string) (path, name string) {
+	var n [fileNameLen]byte
+	putFileName(&n, key)
+	if l.dir == "." || strings.HasSuffix(l.dir, "/") {
+		path = filepath.Join(l.dir, string(n[:])) // Join drops "./" and doubles no "/"
+	} else {
+		var b strings.Builder
+		b.Grow(len(l.dir) + 1 + fileNameLen)
+		b.WriteString(l.dir)
+		b.WriteByte('/')
+		b.Write(n[:])
+		path = b.String()
+	}
+	return path, path[len(path)-fileNameLen:]
+}
 
 // Capabilities reports that any positive TTL is kept exactly (expiry is
 // compared on the host's monotonic clock) and that tokens survive the loss

@@ -46,7 +46,8 @@ func (l *Locker) WatchHold(key, owner string, token uint64, lost func(error)) (s
 // until it is found lost, when it calls lost (once, and only if the watch
 // has not stopped), or the watch stops.
 func (s *subscription) watchHold(owner string, token uint64, lost func(error)) {
-	c := &checkCtx{done: s.done}
+	c := &s.hold
+	c.done = s.done
 	for {
 		if err := s.checkHold(c, owner, token); err != nil {
 			select {
@@ -70,8 +71,8 @@ func (s *subscription) watchHold(owner string, token uint64, lost func(error)) {
 // the check began) its Err is context.DeadlineExceeded, which flockFile
 // checks between its attempts (at most 2ms apart). Unlike a context from
 // package context, its Done is not closed at the deadline: flockFile, its
-// only user, polls Err. One per watch, reused by every check, so that a
-// check allocates no context, timer or goroutine.
+// only user, polls Err. One per watch (in its subscription), reused by
+// every check, so that a check allocates no context, timer or goroutine.
 type checkCtx struct {
 	done     <-chan struct{}
 	deadline time.Time

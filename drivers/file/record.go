@@ -161,11 +161,19 @@ func (r *lease) grant(owner string, now instant, ttl time.Duration) {
 // its length or bytes, maps to a short portable name. The key itself is
 // stored in the record and checked on every read.
 func fileName(key string) string {
+	var b [fileNameLen]byte
+	putFileName(&b, key)
+	return string(b[:])
+}
+
+// fileNameLen is the length of every lock file name.
+const fileNameLen = 44
+
+// putFileName writes fileName(key) into b.
+func putFileName(b *[fileNameLen]byte, key string) {
 	sum := sha256.Sum256([]byte(key))
-	var b [44]byte
 	hex.Encode(b[:40], sum[:20])
 	copy(b[40:], ".lck")
-	return string(b[:])
 }
 
 // flocks counts the flock attempts of every Locker in the process: the

@@ -64,8 +64,8 @@ func (l *Locker) Subscribe(ctx context.Context, key string) (<-chan struct{}, fu
 // inotify watcher if one can be had (s.w is nil otherwise), registered with
 // l so that Close ends it. After Close it returns driver.ErrClosed.
 func (l *Locker) newSubscription(key string) (*subscription, error) {
-	name := fileName(key)
-	return l.watchFile(key, l.pathOf(name), name, false)
+	path, name := l.pathName(key)
+	return l.watchFile(key, path, name, false)
 }
 
 // watchFile starts a subscription to the events on the file name (at path)
@@ -110,6 +110,11 @@ type subscription struct {
 	// been missed): a waiter's watch on the waiter ahead of it, whose
 	// process closes its waiter file when it ends, however it ends.
 	closes bool
+	// prev and next link the subscriptions to one file name in their
+	// watcher (under watcher.mu).
+	prev, next *subscription
+	// hold is a hold watch's check context (hold.go), reused by its checks.
+	hold checkCtx
 }
 
 func signal(c chan struct{}) {
@@ -223,7 +228,7 @@ type watcher struct {
 	idle *time.Timer // closes the watcher when unused; guarded by watchersMu
 
 	mu   sync.Mutex
-	subs map[string]map[*subscription]struct{}
+	subs map[string]*subscription // the first of each name's list (subscription.next)
 }
 
 var (
@@ -262,7 +267,7 @@ func acquireWatcher(dir string) *watcher {
 		unix.Close(fd)
 		return nil
 	}
-	w := &watcher{dir: dir, f: os.NewFile(uintptr(fd), "inotify"), refs: 1, subs: map[string]map[*subscription]struct{}{}}
+	w := &watcher{dir: dir, f: os.NewFile(uintptr(fd), "inotify"), refs: 1, subs: map[string]*subscription{}}
 	watchers[dir] = w
 	go w.loop()
 	return w
@@ -301,21 +306,29 @@ func releaseWatcher(w *watcher) {
 func (w *watcher) add(s *subscription) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	m := w.subs[s.name]
-	if m == nil {
-		m = map[*subscription]struct{}{}
-		w.subs[s.name] = m
+	s.prev, s.next = nil, w.subs[s.name]
+	if s.next != nil {
+		s.next.prev = s
 	}
-	m[s] = struct{}{}
+	w.subs[s.name] = s
 }
 
+// remove unlinks s, which add linked (once).
 func (w *watcher) remove(s *subscription) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	delete(w.subs[s.name], s)
-	if len(w.subs[s.name]) == 0 {
+	switch {
+	case s.prev != nil:
+		s.prev.next = s.next
+	case s.next != nil:
+		w.subs[s.name] = s.next
+	default:
 		delete(w.subs, s.name)
 	}
+	if s.next != nil {
+		s.next.prev = s.prev
+	}
+	s.prev, s.next = nil, nil
 }
 
 // Kinds of event the watcher delivers.
@@ -331,8 +344,8 @@ const (
 func (w *watcher) notify(name []byte, ev int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	deliver := func(m map[*subscription]struct{}) {
-		for s := range m {
+	deliver := func(s *subscription) {
+		for ; s != nil; s = s.next {
 			if len(name) != 0 && s.closes != (ev == evClosed) {
 				continue
 			}
@@ -346,8 +359,8 @@ func (w *watcher) notify(name []byte, ev int) {
 		deliver(w.subs[string(name)])
 		return
 	}
-	for _, m := range w.subs {
-		deliver(m)
+	for _, s := range w.subs {
+		deliver(s)
 	}
 }
 

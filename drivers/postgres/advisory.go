@@ -35,9 +35,16 @@ type hold struct {
 	mode    driver.SharedMode // a shared hold's mode; 0 for a mutex
 
 	// Guarded by Locker.mu.
-	mon       *sessionWatch          // the socket watch; nil if unwatched
-	listeners map[uint64]func(error) // WatchHold callbacks
-	gone      bool                   // the session was seen to end
+	mon       *sessionWatch   // the socket watch; nil if unwatched
+	listeners []holdListener  // WatchHold callbacks; nil if unwatched
+	one       [1]holdListener // listeners' first backing array
+	gone      bool            // the session was seen to end
+}
+
+// holdListener is one WatchHold callback on a hold.
+type holdListener struct {
+	id   uint64
+	lost func(error)
 }
 
 // call holds the arguments of one acquire, computed once.

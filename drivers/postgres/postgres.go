@@ -82,10 +82,11 @@ type advisoryLocker struct {
 	closed    bool
 	ops       sync.WaitGroup
 	slots     map[slotID]*slot
-	watcher   *sessionWatcher // started by the first WatchHold
-	prober    *sessionProber  // started by the first WatchHold
-	listeners uint64          // last WatchHold listener id
-	pwake     chan struct{}   // closed (and replaced) when a permit is released here
+	watcher   *sessionWatcher    // started by the first WatchHold
+	prober    *sessionProber     // started by the first WatchHold
+	listeners uint64             // last WatchHold listener id
+	goneFn    func(*hold, error) // sessionGone, bound once for the watcher
+	pwake     chan struct{}      // closed (and replaced) when a permit is released here
 }
 
 // slotID names a slot: a mutex's key (kind 0), or a shared hold's kind

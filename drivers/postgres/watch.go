@@ -55,12 +55,15 @@ func (l *advisoryLocker) WatchHold(key, owner string, token uint64, lost func(er
 			}
 			l.watcher = w
 		}
-		mon, err := l.watcher.add(h.conn.Conn().PgConn().Conn(), func(err error) { l.sessionGone(h, err) })
+		if l.goneFn == nil {
+			l.goneFn = l.sessionGone
+		}
+		mon, err := l.watcher.add(h.conn.Conn().PgConn().Conn(), l.goneFn, h)
 		if err != nil {
 			return nil, err
 		}
 		h.mon = mon
-		h.listeners = map[uint64]func(error){}
+		h.listeners = h.one[:0]
 		if l.prober == nil {
 			l.prober = newSessionProber(l)
 		}
@@ -68,7 +71,7 @@ func (l *advisoryLocker) WatchHold(key, owner string, token uint64, lost func(er
 	}
 	l.listeners++
 	id := l.listeners
-	h.listeners[id] = lost
+	h.listeners = append(h.listeners, holdListener{id: id, lost: lost})
 	return func() { l.unwatch(h, id) }, nil
 }
 
@@ -76,9 +79,17 @@ func (l *advisoryLocker) WatchHold(key, owner string, token uint64, lost func(er
 func (l *advisoryLocker) unwatch(h *hold, id uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(h.listeners, id)
-	if len(h.listeners) == 0 {
-		h.unwatchLocked()
+	for i, x := range h.listeners {
+		if x.id == id {
+			last := len(h.listeners) - 1
+			h.listeners[i] = h.listeners[last]
+			h.listeners[last] = holdListener{}
+			h.listeners = h.listeners[:last]
+			if last == 0 {
+				h.unwatchLocked()
+			}
+			return
+		}
 	}
 }
 
@@ -106,8 +117,8 @@ func (l *advisoryLocker) reportGone(h *hold, cause error) bool {
 	h.unwatchLocked()
 	l.mu.Unlock()
 	err := fmt.Errorf("postgres: %q: %w: %w", h.key, driver.ErrNotHeld, cause)
-	for _, lost := range ls {
-		lost(err)
+	for _, x := range ls {
+		x.lost(err)
 	}
 	return true
 }

@@ -41,7 +41,14 @@ type sessionWatch struct {
 	w    *sessionWatcher
 	id   uint64
 	rc   syscall.RawConn
-	gone func(error) // called at most once, from the watcher's goroutine
+	h    *hold
+	gone func(*hold, error) // called with h at most once, from the watcher's goroutine
+
+	// ctl runs the epoll_ctl op on the socket, inside rc.Control; made once
+	// for the registration and its removal, it sets ctlErr.
+	ctl    func(fd uintptr)
+	op     int
+	ctlErr error
 }
 
 const watchEvents = unix.EPOLLRDHUP | unix.EPOLLONESHOT // EPOLLHUP and EPOLLERR are always reported
@@ -67,9 +74,10 @@ func newSessionWatcher() (*sessionWatcher, error) {
 	return w, nil
 }
 
-// add watches conn (a pgx connection's net.Conn, possibly TLS). gone is
-// called once if the peer closes or resets it before remove.
-func (w *sessionWatcher) add(conn net.Conn, gone func(error)) (*sessionWatch, error) {
+// add watches conn (a pgx connection's net.Conn, possibly TLS), h's
+// session. gone is called once, with h, if the peer closes or resets it
+// before remove.
+func (w *sessionWatcher) add(conn net.Conn, gone func(*hold, error), h *hold) (*sessionWatch, error) {
 	for {
 		u, ok := conn.(interface{ NetConn() net.Conn })
 		if !ok {
@@ -91,14 +99,14 @@ func (w *sessionWatcher) add(conn net.Conn, gone func(error)) (*sessionWatch, er
 		return nil, errors.New("postgres: watcher closed")
 	}
 	w.next++
-	sw := &sessionWatch{w: w, id: w.next, rc: rc, gone: gone}
-	var ctlErr error
-	err = rc.Control(func(fd uintptr) {
+	sw := &sessionWatch{w: w, id: w.next, rc: rc, h: h, gone: gone, op: unix.EPOLL_CTL_ADD}
+	sw.ctl = func(fd uintptr) {
 		ev := unix.EpollEvent{Events: watchEvents, Fd: int32(uint32(sw.id)), Pad: int32(uint32(sw.id >> 32))}
-		ctlErr = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev)
-	})
+		sw.ctlErr = unix.EpollCtl(sw.w.epfd, sw.op, int(fd), &ev)
+	}
+	err = rc.Control(sw.ctl)
 	if err == nil {
-		err = ctlErr
+		err = sw.ctlErr
 	}
 	if err != nil {
 		return nil, fmt.Errorf("postgres: watching the session: %w", err)
@@ -123,9 +131,8 @@ func (sw *sessionWatch) remove() {
 // unregister removes the socket from the epoll set, unless it is closed
 // already (then the kernel has removed it).
 func (sw *sessionWatch) unregister() {
-	_ = sw.rc.Control(func(fd uintptr) {
-		_ = unix.EpollCtl(sw.w.epfd, unix.EPOLL_CTL_DEL, int(fd), nil)
-	})
+	sw.op = unix.EPOLL_CTL_DEL
+	_ = sw.rc.Control(sw.ctl)
 }
 
 // close stops the goroutine and releases the epoll instance. Watches still
@@ -172,7 +179,7 @@ func (w *sessionWatcher) loop() {
 				continue
 			}
 			sw.unregister()
-			sw.gone(sw.cause(ev.Events))
+			sw.gone(sw.h, sw.cause(ev.Events))
 		}
 	}
 }

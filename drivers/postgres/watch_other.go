@@ -17,7 +17,7 @@ func newSessionWatcher() (*sessionWatcher, error) {
 	return nil, errors.ErrUnsupported
 }
 
-func (*sessionWatcher) add(net.Conn, func(error)) (*sessionWatch, error) {
+func (*sessionWatcher) add(net.Conn, func(*hold, error), *hold) (*sessionWatch, error) {
 	return nil, errors.ErrUnsupported
 }
 

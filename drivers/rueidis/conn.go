@@ -30,10 +30,24 @@ type conn struct {
 	// reconnecting.
 	m *master
 
+	// timed: the clients were built with a ConnWriteTimeout in force (see
+	// Timed).
+	timed bool
+
 	closeOnce sync.Once
 }
 
-var _ rediscore.Conn = (*conn)(nil)
+var (
+	_ rediscore.Conn      = (*conn)(nil)
+	_ rediscore.TimedConn = (*conn)(nil)
+)
+
+// Timed implements rediscore.TimedConn: rueidis bounds the wait for each
+// reply by the client's ConnWriteTimeout (10s by default), which the
+// clients Open and NewWithClientOption build always have. A client adopted
+// with New, whose options the driver cannot see, and a Redlock master are
+// not reported timed.
+func (c *conn) Timed() bool { return c.timed }
 
 // scripts maps each shared script to its rueidis.Lua, which runs EVALSHA and
 // falls back to EVAL (loading the script) on NOSCRIPT.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,37 +45,43 @@ type HoldWatch struct {
 	read   HoldReader
 	prefix string
 
-	mu     sync.Mutex
-	keys   map[string]*holdKey
-	closed bool
-	wg     sync.WaitGroup
-	batch  *holdQueue // nil: each key read on its own (SetBatchReader)
+	mu       sync.Mutex
+	keys     map[string]*holdKey
+	closed   bool
+	releases uint64 // numbers the Releasing calls
+	wg       sync.WaitGroup
+	batch    *holdQueue // nil: each key read on its own (SetBatchReader)
 	// life ends at Close: it cuts short a batch of reads under way.
 	life context.Context
 	end  context.CancelFunc
 }
 
 // holdKey is one watched lock key. It is also the context of its reads,
-// done when the watch of the key ends (stop is closed).
+// done when the watch of the key ends.
 type holdKey struct {
+	lock    string // the lock key
 	entries entrySet
 	one     [1]*holdEntry // entries' first backing array
-	dirty   chan struct{} // buffered 1: a re-read is due
-	stop    chan struct{} // closed when the last entry leaves
-	// afters are the functions AfterFunc registered, run by end.
+	first   holdEntry     // the key's first entry
+	dirty   chan struct{} // buffered 1: a re-read is due, or the watch ended
+	// Under afterMu: ended is set when the last entry leaves; stop, made
+	// by the first Done (a read), is closed then; afters are the functions
+	// AfterFunc registered, run then.
 	afterMu sync.Mutex
-	afters  map[*func()]struct{}
 	ended   bool
+	stop    chan struct{}
+	afters  map[*func()]struct{}
 	// inval counts the invalidations of the key (under HoldWatch.mu);
 	// readInval is its value when the last completed read began.
 	inval, readInval uint64
 }
 
 type holdEntry struct {
-	key, owner, value string
-	once              sync.Once
-	lost              func(error)
-	releasing         bool // the owner's Release is under way: no alarm
+	key, owner string
+	token      uint64
+	once       sync.Once
+	lost       func(error)
+	releasing  uint64 // the owner's Release under way (its number), 0 if none: no alarm
 
 	// A change watch (WatchChanges) has changed instead of lost, and
 	// remembers the last value read ("" with seen false before the first).
@@ -95,7 +102,7 @@ func NewHoldWatch(read HoldReader, prefix string) *HoldWatch {
 // the tracking) runs in the background. Errors: driver.ErrClosed after
 // Close.
 func (h *HoldWatch) Watch(key, owner string, token uint64, lost func(error)) (stop func(), err error) {
-	return h.add(&holdEntry{key: key, owner: owner, value: grantValue(token, owner), lost: lost})
+	return h.add(key, func(e *holdEntry) { e.owner, e.token, e.lost = owner, token, lost })
 }
 
 // WatchChanges implements driver.ChangeWatcher over the same reads: changed
@@ -108,49 +115,78 @@ func (h *HoldWatch) Watch(key, owner string, token uint64, lost func(error)) (st
 // between the two reads). It returns at once. Errors: driver.ErrClosed
 // after Close.
 func (h *HoldWatch) WatchChanges(key string, changed func()) (stop func(), err error) {
-	return h.add(&holdEntry{key: key, changed: changed})
+	return h.add(key, func(e *holdEntry) { e.changed = changed })
 }
 
-// grantValue is the lock key's value for a grant: "<token>:<owner>".
-func grantValue(token uint64, owner string) string {
+// isGrant reports whether v is the lock key's value for the grant of
+// token to owner: "<token>:<owner>".
+func isGrant(v string, token uint64, owner string) bool {
 	var buf [20]byte
 	t := strconv.AppendUint(buf[:0], token, 10)
-	return string(t) + ":" + owner
+	n := len(t)
+	return len(v) == n+1+len(owner) && v[:n] == string(t) && v[n] == ':' && v[n+1:] == owner
 }
 
-// add starts watching e's key with e.
-func (h *HoldWatch) add(e *holdEntry) (stop func(), err error) {
-	lock := LockKey(h.prefix, e.key)
+// lockKeyBuf is LockKey's result for a key without braces, built in b (a
+// map lookup with string(lockKeyBuf(...)) allocates nothing); with braces,
+// LockKey's own.
+func lockKeyBuf(b []byte, prefix, key string) []byte {
+	if strings.ContainsAny(key, "{}") {
+		return append(b, LockKey(prefix, key)...)
+	}
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	b = append(b, prefix...)
+	b = append(b, ":{"...)
+	b = append(b, key...)
+	return append(b, '}')
+}
+
+// add starts watching key with a new entry, which set fills in. A key's
+// first entry is kept in its holdKey, saving an allocation.
+func (h *HoldWatch) add(key string, set func(*holdEntry)) (stop func(), err error) {
+	var buf [128]byte
+	lock := lockKeyBuf(buf[:0], h.prefix, key)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return nil, h.p.errorf("%w", driver.ErrClosed)
 	}
-	k := h.keys[lock]
+	var e *holdEntry
+	k := h.keys[string(lock)]
 	if k == nil {
-		k = &holdKey{dirty: make(chan struct{}, 1), stop: make(chan struct{})}
+		k = &holdKey{lock: string(lock), dirty: make(chan struct{}, 1)}
 		k.entries = k.one[:0]
-		h.keys[lock] = k
+		h.keys[k.lock] = k
 		h.wg.Add(1)
-		go h.loop(lock, k)
+		go h.loop(k.lock, k)
+		e = &k.first
+	} else {
+		e = new(holdEntry)
 	}
+	e.key = key
+	set(e)
 	k.entries.add(e)
 	k.mark()
-	return func() { h.remove(lock, k, e) }, nil
+	return func() { h.remove(k, e) }, nil
 }
 
 // end stops k's loop, cutting short a read under way. Called under
 // HoldWatch.mu, once.
 func (k *holdKey) end() {
-	close(k.stop)
 	k.afterMu.Lock()
 	k.ended = true
+	if k.stop != nil {
+		close(k.stop)
+	}
 	afters := k.afters
 	k.afters = nil
 	k.afterMu.Unlock()
 	for f := range afters {
 		go (*f)()
 	}
+	k.mark() // the loop sees ended
 }
 
 // AfterFunc arranges for f to run in its own goroutine when the watch of
@@ -181,16 +217,29 @@ func (k *holdKey) AfterFunc(f func()) (stop func() bool) {
 func (k *holdKey) Deadline() (time.Time, bool) { return time.Time{}, false }
 
 // Done implements context.Context: closed when the watch of the key ends.
-func (k *holdKey) Done() <-chan struct{} { return k.stop }
-
-// Err implements context.Context: context.Canceled once Done is closed.
-func (k *holdKey) Err() error {
-	select {
-	case <-k.stop:
-		return context.Canceled
-	default:
-		return nil
+// It is made on the first call: a hold released before the watch's first
+// read needs none.
+func (k *holdKey) Done() <-chan struct{} {
+	k.afterMu.Lock()
+	defer k.afterMu.Unlock()
+	if k.stop == nil {
+		k.stop = make(chan struct{})
+		if k.ended {
+			close(k.stop)
+		}
 	}
+	return k.stop
+}
+
+// Err implements context.Context: context.Canceled once the watch of the
+// key ended.
+func (k *holdKey) Err() error {
+	k.afterMu.Lock()
+	defer k.afterMu.Unlock()
+	if k.ended {
+		return context.Canceled
+	}
+	return nil
 }
 
 // Value implements context.Context: none.
@@ -224,14 +273,19 @@ func (k *holdKey) mark() {
 }
 
 // remove ends e's watch; the key's loop ends with its last entry.
-func (h *HoldWatch) remove(lock string, k *holdKey, e *holdEntry) {
+func (h *HoldWatch) remove(k *holdKey, e *holdEntry) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.removeLocked(k, e)
+}
+
+// removeLocked is remove with HoldWatch.mu held.
+func (h *HoldWatch) removeLocked(k *holdKey, e *holdEntry) {
 	if !k.entries.remove(e) {
 		return
 	}
-	if len(k.entries) == 0 && h.keys[lock] == k {
-		delete(h.keys, lock)
+	if len(k.entries) == 0 && h.keys[k.lock] == k {
+		delete(h.keys, k.lock)
 		k.end()
 	}
 }
@@ -267,40 +321,64 @@ func (h *HoldWatch) Reset() {
 
 // Releasing is called before owner releases key through the watched
 // Locker: the owner's own release is not a loss, so its watches of key
-// report nothing from now on. done must be called with the release's
+// report nothing from now on. Its Done must be called with the release's
 // result: on success, or driver.ErrNotHeld (the lock was gone already, and
 // the release says so), those watches end; on any other error the lock may
 // still be held, and they resume with a fresh read.
-func (h *HoldWatch) Releasing(key, owner string) (done func(err error)) {
-	lock := LockKey(h.prefix, key)
+func (h *HoldWatch) Releasing(key, owner string) Releasing {
+	var buf [128]byte
+	lock := lockKeyBuf(buf[:0], h.prefix, key)
 	h.mu.Lock()
-	k := h.keys[lock]
-	var es []*holdEntry
-	if k != nil {
-		for _, e := range k.entries {
-			if e.owner == owner && !e.releasing {
-				e.releasing = true
-				es = append(es, e)
-			}
+	defer h.mu.Unlock()
+	k := h.keys[string(lock)]
+	if k == nil {
+		return Releasing{}
+	}
+	h.releases++
+	r := Releasing{h: h, k: k, seq: h.releases}
+	for _, e := range k.entries {
+		if e.owner == owner && e.releasing == 0 && e.changed == nil {
+			e.releasing = r.seq
+			r.n++
 		}
 	}
-	h.mu.Unlock()
-	return func(err error) {
-		if len(es) == 0 {
-			return
+	return r
+}
+
+// Releasing is a release under way, from HoldWatch.Releasing. The zero
+// value's Done does nothing.
+type Releasing struct {
+	h   *HoldWatch
+	k   *holdKey
+	seq uint64 // this release's number
+	n   int    // entries this release marked
+}
+
+// Done ends the release that Releasing announced, with its result err.
+func (r Releasing) Done(err error) {
+	if r.n == 0 {
+		return
+	}
+	h, k := r.h, r.k
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ended := err == nil || errors.Is(err, driver.ErrNotHeld)
+	for i := 0; i < len(k.entries) && r.n > 0; {
+		e := k.entries[i]
+		if e.releasing != r.seq {
+			i++
+			continue
 		}
-		if err == nil || errors.Is(err, driver.ErrNotHeld) {
-			for _, e := range es {
-				h.remove(lock, k, e)
-			}
-			return
+		r.n--
+		if ended {
+			h.removeLocked(k, e) // swaps the last entry into i
+			continue
 		}
-		h.mu.Lock()
-		for _, e := range es {
-			e.releasing = false
-		}
+		e.releasing = 0
+		i++
+	}
+	if !ended {
 		k.mark()
-		h.mu.Unlock()
 	}
 }
 
@@ -327,10 +405,9 @@ func (h *HoldWatch) loop(lock string, k *holdKey) {
 	var ctx context.Context = k
 	backoff := 10 * time.Millisecond
 	for {
-		select {
-		case <-k.stop:
+		<-k.dirty
+		if k.Err() != nil {
 			return
-		case <-k.dirty:
 		}
 		if !h.watching(k) {
 			// Every entry is being released: the owner's own DEL is what
@@ -348,7 +425,7 @@ func (h *HoldWatch) loop(lock string, k *holdKey) {
 			// Not a loss: retry until the connection is back.
 			t := time.NewTimer(backoff)
 			select {
-			case <-k.stop:
+			case <-k.Done():
 				t.Stop()
 				return
 			case <-t.C:
@@ -367,7 +444,7 @@ func (h *HoldWatch) watching(k *holdKey) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, e := range k.entries {
-		if !e.releasing {
+		if e.releasing == 0 {
 			return true
 		}
 	}
@@ -398,10 +475,10 @@ func (h *HoldWatch) check(lock string, k *holdKey, v string, exists bool, inval 
 			}
 			continue
 		}
-		if e.releasing {
+		if e.releasing != 0 {
 			continue
 		}
-		if !exists || v != e.value {
+		if !exists || !isGrant(v, e.token, e.owner) {
 			gone = append(gone, e)
 		}
 	}

@@ -148,3 +148,88 @@ func TestHoldWatchEntriesOfOneKey(t *testing.T) {
 	default:
 	}
 }
+
+// Releasing silences the owner's watches of the key only: a release that
+// succeeds ends them without a report, one that fails resumes them, and a
+// watch of another owner on the same key goes on reporting.
+func TestHoldWatchReleasing(t *testing.T) {
+	var mu sync.Mutex
+	values := map[string]string{}
+	reads := 0
+	h := NewHoldWatch(func(_ context.Context, lock string) (string, bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		reads++
+		v, ok := values[lock]
+		return v, ok, nil
+	}, "p")
+	defer h.Close()
+	set := func(key, v string) string {
+		lock := LockKey("p", key)
+		mu.Lock()
+		defer mu.Unlock()
+		if v == "" {
+			delete(values, lock)
+		} else {
+			values[lock] = v
+		}
+		return lock
+	}
+	readsNow := func() int { mu.Lock(); defer mu.Unlock(); return reads }
+	lost := make(chan string, 8)
+	watch := func(key, owner string, token uint64) {
+		t.Helper()
+		n := readsNow()
+		stop, err := h.Watch(key, owner, token, func(error) { lost <- key + "/" + owner })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(stop)
+		waitUntil(t, func() bool { return readsNow() > n })
+	}
+	expect := func(want string) {
+		t.Helper()
+		select {
+		case got := <-lost:
+			if got != want {
+				t.Fatalf("%s reported lost, want %s", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s not reported lost", want)
+		}
+	}
+
+	// A release that fails: the watch resumes, and finds the key gone.
+	set("k1", "1:a")
+	watch("k1", "a", 1)
+	r := h.Releasing("k1", "a")
+	h.Invalidate(set("k1", ""))
+	r.Done(errors.New("timeout"))
+	expect("k1/a")
+
+	// A release that succeeds: the watch ends without a report. A's
+	// release leaves b's watch of the same key on, and b's loss is
+	// reported alone.
+	set("k2", "2:a")
+	watch("k2", "a", 2)
+	r = h.Releasing("k2", "b") // b watches nothing yet: a no-op
+	r.Done(nil)
+	r = h.Releasing("k2", "a")
+	watch("k2", "b", 3) // the read shows a's grant: b is lost
+	expect("k2/b")
+	h.Invalidate(set("k2", ""))
+	r.Done(nil)
+	h.mu.Lock()
+	_, watched := h.keys[LockKey("p", "k2")]
+	h.mu.Unlock()
+	if watched {
+		t.Fatal("k2 still watched after its owner's release")
+	}
+	set("k3", "4:a")
+	watch("k3", "a", 4)
+	select {
+	case who := <-lost:
+		t.Fatalf("%s reported lost", who)
+	default:
+	}
+}

@@ -199,9 +199,9 @@ func (l *Locker) Release(ctx context.Context, key, owner string) error {
 	if l.hold == nil {
 		return l.b.Release(ctx, key, owner)
 	}
-	done := l.hold.Releasing(key, owner)
+	r := l.hold.Releasing(key, owner)
 	err := l.b.Release(ctx, key, owner)
-	done(err)
+	r.Done(err)
 	return err
 }
 
