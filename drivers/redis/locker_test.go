@@ -407,3 +407,22 @@ func TestOpenContext(t *testing.T) {
 		}
 	}
 }
+
+// Calls without a deadline or a cancellation on a frozen server end within
+// go-redis's read_timeout (3s by default), with an error: the bound the
+// driver reports as rediscore.TimedConn, on which an acquire that outlives
+// its caller relies instead of a deadline of its own.
+func TestCallsBoundedOnFrozenServer(t *testing.T) {
+	s := redistest.Start(t)
+	for _, c := range []struct {
+		read time.Duration
+		want bool
+	}{{0, true}, {-1, false}} { // 0: go-redis's default, 3s; -1: no timeout
+		cl := goredis.NewClient(&goredis.Options{Addr: s.Addr, ReadTimeout: c.read})
+		if got := (&conn{c: cl}).Timed(); got != c.want {
+			t.Errorf("ReadTimeout %v: Timed() = %v, want %v", c.read, got, c.want)
+		}
+		cl.Close()
+	}
+	drivertest.CallsBounded(t, openT(t, urlOf(s.Addr)), s, 3*time.Second+3*time.Second) // read_timeout, and slack for a loaded machine
+}

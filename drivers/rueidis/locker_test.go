@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-locker/locker/driver"
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
 var ownerSeq atomic.Int64
@@ -247,44 +248,5 @@ func TestCancelOnFrozenServer(t *testing.T) {
 // outlives its caller relies instead of a deadline of its own.
 func TestCallsBoundedOnFrozenServer(t *testing.T) {
 	s := redistest.Start(t)
-	l := openT(t, urlOf(s.Addr))
-	owner := newOwner()
-	if _, err := l.Acquire(context.Background(), "k", owner, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	s.Stop()
-	t.Cleanup(s.Cont)
-	ctx := context.Background()
-	calls := map[string]func() error{
-		"refresh": func() error { return l.Refresh(ctx, "k", owner, time.Minute) },
-		"release": func() error { return l.Release(ctx, "k", owner) },
-		"inspect": func() error { _, err := l.Inspect(ctx, "k"); return err },
-		"acquire": func() error { _, err := l.Acquire(ctx, "k2", owner, time.Minute); return err },
-	}
-	type result struct {
-		name string
-		err  error
-		took time.Duration
-	}
-	results := make(chan result, len(calls))
-	start := time.Now()
-	for name, call := range calls {
-		go func() {
-			err := call()
-			results <- result{name, err, time.Since(start)}
-		}()
-	}
-	const bound = 10*time.Second + 3*time.Second // ConnWriteTimeout, and its background PING's gap
-	deadline := time.After(bound)
-	for range calls {
-		select {
-		case r := <-results:
-			t.Logf("%s returned after %v: %v", r.name, r.took.Round(time.Millisecond), r.err)
-			if r.err == nil {
-				t.Errorf("%s succeeded on a frozen server", r.name)
-			}
-		case <-deadline:
-			t.Fatalf("a call on a frozen server did not return within %v", bound)
-		}
-	}
+	drivertest.CallsBounded(t, openT(t, urlOf(s.Addr)), s, 10*time.Second+3*time.Second) // ConnWriteTimeout, and its background PING's gap
 }
