@@ -43,10 +43,10 @@ var (
 )
 
 // Timed implements rediscore.TimedConn: rueidis bounds the wait for each
-// reply by the client's ConnWriteTimeout (10s by default), which the
-// clients Open and NewWithClientOption build always have. A client adopted
-// with New, whose options the driver cannot see, and a Redlock master are
-// not reported timed.
+// reply by the client's ConnWriteTimeout (10s by default). Open's clients
+// have it, and NewWithClientOption's unless ConnWriteTimeout is negative
+// (timedOption). A client adopted with New, whose options the driver
+// cannot see, and a Redlock master are not reported timed.
 func (c *conn) Timed() bool { return c.timed }
 
 // scripts maps each shared script to its rueidis.Lua, which runs EVALSHA and
@@ -270,3 +270,7 @@ func doFunc(cl rueidis.Client) rediscore.DoFunc {
 		return convert(&msg)
 	}
 }
+
+// timedOption reports whether clients built from opt bound each reply's
+// wait: ConnWriteTimeout 0 takes rueidis's default, a negative one none.
+func timedOption(opt rueidis.ClientOption) bool { return opt.ConnWriteTimeout >= 0 }

@@ -147,7 +147,7 @@ func openDeployment(ctx context.Context, c *config, w *cscWaiter) (*Locker, erro
 	w.piggyback = !c.Cluster
 	watchClient = watch
 	all := []rueidis.Client{cmd, watch}
-	return newLocker(w, w.hold, c.Options, &conn{client: cmd, addr: addr, owned: all, watch: watch, w: w, timed: true}), nil
+	return newLocker(w, w.hold, c.Options, &conn{client: cmd, addr: addr, owned: all, watch: watch, w: w, timed: timedOption(opt)}), nil
 }
 
 // checkDeployment is Open's check of a single server, Cluster or Sentinel
@@ -246,8 +246,7 @@ func NewWithClientOption(ctx context.Context, opt rueidis.ClientOption, opts *Op
 	w.piggyback = watch.Mode() != rueidis.ClientModeCluster
 	watchClient = watch
 	all := []rueidis.Client{cmd, watch}
-	timed := opt.ConnWriteTimeout >= 0 // 0: rueidis's default applies
-	return newLocker(w, w.hold, o, &conn{client: cmd, addr: addr, owned: all, watch: watch, w: w, timed: timed}), nil
+	return newLocker(w, w.hold, o, &conn{client: cmd, addr: addr, owned: all, watch: watch, w: w, timed: timedOption(opt)}), nil
 }
 
 func addrsOf(c rueidis.Client) []string {

@@ -247,6 +247,14 @@ func TestCancelOnFrozenServer(t *testing.T) {
 // the driver reports as rediscore.TimedConn, on which an acquire that
 // outlives its caller relies instead of a deadline of its own.
 func TestCallsBoundedOnFrozenServer(t *testing.T) {
+	for _, c := range []struct {
+		write time.Duration
+		want  bool
+	}{{0, true}, {time.Second, true}, {-1, false}} { // 0: rueidis's default, 10s; negative: none
+		if got := timedOption(rueidis.ClientOption{ConnWriteTimeout: c.write}); got != c.want {
+			t.Errorf("ConnWriteTimeout %v: timed = %v, want %v", c.write, got, c.want)
+		}
+	}
 	s := redistest.Start(t)
 	drivertest.CallsBounded(t, openT(t, urlOf(s.Addr)), s, 10*time.Second+3*time.Second) // ConnWriteTimeout, and its background PING's gap
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -127,27 +126,11 @@ func isGrant(v string, token uint64, owner string) bool {
 	return len(v) == n+1+len(owner) && v[:n] == string(t) && v[n] == ':' && v[n+1:] == owner
 }
 
-// lockKeyBuf is LockKey's result for a key without braces, built in b (a
-// map lookup with string(lockKeyBuf(...)) allocates nothing); with braces,
-// LockKey's own.
-func lockKeyBuf(b []byte, prefix, key string) []byte {
-	if strings.ContainsAny(key, "{}") {
-		return append(b, LockKey(prefix, key)...)
-	}
-	if prefix == "" {
-		prefix = DefaultPrefix
-	}
-	b = append(b, prefix...)
-	b = append(b, ":{"...)
-	b = append(b, key...)
-	return append(b, '}')
-}
-
 // add starts watching key with a new entry, which set fills in. A key's
 // first entry is kept in its holdKey, saving an allocation.
 func (h *HoldWatch) add(key string, set func(*holdEntry)) (stop func(), err error) {
 	var buf [128]byte
-	lock := lockKeyBuf(buf[:0], h.prefix, key)
+	lock := appendLockKey(buf[:0], h.prefix, key)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -327,7 +310,7 @@ func (h *HoldWatch) Reset() {
 // still be held, and they resume with a fresh read.
 func (h *HoldWatch) Releasing(key, owner string) Releasing {
 	var buf [128]byte
-	lock := lockKeyBuf(buf[:0], h.prefix, key)
+	lock := appendLockKey(buf[:0], h.prefix, key)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	k := h.keys[string(lock)]

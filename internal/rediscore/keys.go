@@ -30,12 +30,24 @@ func Keys(prefix, key string) (lock, counter, channel string) {
 // LockKey returns the lock key of Keys alone (also its channel), without
 // building the counter's name.
 func LockKey(prefix, key string) string {
+	var buf [128]byte
+	return string(appendLockKey(buf[:0], prefix, key))
+}
+
+// appendLockKey appends LockKey(prefix, key) to b. Built in a stack buffer,
+// it serves map lookups (m[string(b)]) that allocate nothing.
+func appendLockKey(b []byte, prefix, key string) []byte {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
+	b = append(b, prefix...)
+	b = append(b, ":{"...)
 	if strings.ContainsAny(key, "{}") {
 		sum := sha1.Sum([]byte(key))
-		return prefix + ":{" + hex.EncodeToString(sum[:]) + "}:" + key
+		b = hex.AppendEncode(b, sum[:])
+		b = append(b, "}:"...)
+		return append(b, key...)
 	}
-	return prefix + ":{" + key + "}"
+	b = append(b, key...)
+	return append(b, '}')
 }

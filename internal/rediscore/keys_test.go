@@ -2,6 +2,9 @@ package rediscore
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -27,6 +30,19 @@ func TestKeysInjective(t *testing.T) {
 	}
 	if l, c, _ := Keys("app", "k"); l != "app:{k}" || c != "app:{k}:token" {
 		t.Fatalf("Keys(app, k) = %q, %q", l, c)
+	}
+	// The layout is what servers hold: a key with braces is tagged by its
+	// hex SHA1, and keys longer than LockKey's stack buffer come out alike.
+	long := strings.Repeat("x", 300)
+	for _, k := range []string{"a{b", long, long + "}"} {
+		want := "app:{" + k + "}"
+		if strings.ContainsAny(k, "{}") {
+			sum := sha1.Sum([]byte(k))
+			want = "app:{" + hex.EncodeToString(sum[:]) + "}:" + k
+		}
+		if l := LockKey("app", k); l != want {
+			t.Fatalf("LockKey(app, %q) = %q, want %q", k, l, want)
+		}
 	}
 }
 
