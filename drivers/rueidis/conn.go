@@ -26,6 +26,14 @@ type conn struct {
 	watch rueidis.Client
 	w     *cscWaiter
 
+	// tracked: the watch client tracks with NOLOOP (see trackedOptions), so
+	// refreshes run there too, and every script run there reads the lock
+	// key again after writing it (AcquireTrackedScript,
+	// RefreshTrackedScript): the key stays tracked across the owner's own
+	// writes, which send this process no invalidation, and the hold watch
+	// needs no read after them.
+	tracked bool
+
 	// m, when set, supplies client: a Redlock master that may be
 	// reconnecting.
 	m *master
@@ -68,25 +76,28 @@ func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args
 		return nil, err
 	}
 	var resp rueidis.RedisResult
+	tracked := false
 	for try := 1; ; try++ {
-		if done, ok := c.w.wantsArm(keyOf(s, keys)); ok && c.watch != nil {
+		done, arm := c.w.wantsArm(keyOf(s, keys))
+		arm = arm && c.watch != nil
+		tracked = arm || (c.tracked && s == rediscore.RefreshScript)
+		if tracked {
 			resp = c.runTracked(ctx, s, keys, args)
-			done(resp.NonRedisError() == nil)
 		} else {
 			resp = luaFor(s).Exec(ctx, cl, keys, args)
+		}
+		if arm {
+			done(resp.NonRedisError() == nil)
 		}
 		if try == borrowedTries || !borrowedCtxErr(ctx, resp.NonRedisError()) {
 			break
 		}
 	}
-	msg, err := resp.ToMessage()
-	if err != nil {
-		if rueidis.IsRedisNil(err) {
-			return nil, nil
-		}
-		return nil, c.wrap(ctx, err)
+	r := c.reply(ctx, resp)
+	if tracked && r.Err == nil {
+		r.V = c.ownWrite(s, keys[0], r.V)
 	}
-	return convert(&msg)
+	return r.V, r.Err
 }
 
 // borrowedTries bounds the tries of a call that failed with another
@@ -114,14 +125,66 @@ func keyOf(s *rediscore.Script, keys []string) string {
 
 // runTracked runs s on the watch client, whose connection tracks every key
 // it reads (CLIENT TRACKING ON OPTOUT): the script's read of the lock key
-// re-arms the watch.
+// re-arms the watch. With NOLOOP (c.tracked) it runs the script's tracked
+// variant, which reads the key again after writing it.
 func (c *conn) runTracked(ctx context.Context, s *rediscore.Script, keys, args []string) rueidis.RedisResult {
-	return luaFor(s).Exec(ctx, c.watch, keys, args)
+	return luaFor(c.trackedScript(s)).Exec(ctx, c.watch, keys, args)
+}
+
+// trackedScript is the script run on the watch client in place of s.
+func (c *conn) trackedScript(s *rediscore.Script) *rediscore.Script {
+	if !c.tracked {
+		return s
+	}
+	switch s {
+	case rediscore.AcquireScript:
+		return rediscore.AcquireTrackedScript
+	case rediscore.RefreshScript:
+		return rediscore.RefreshTrackedScript
+	}
+	return s
+}
+
+// ownWrite tells this process what NOLOOP kept from it after s (the
+// script behind a tracked run, c.tracked) replied v for lock, and returns
+// the reply s itself would have given. The key is still tracked (the
+// tracked scripts read it last), so only local listeners need telling:
+//   - an acquire that wrote the key (a grant: a string or an array): the
+//     hold watch's entries of the key that were there before, such as the
+//     last holder's or a change watch, read it again;
+//   - a refresh that found the key not held (0; reading it may even have
+//     expired it): those entries read it again, and the key's local
+//     waiters wake;
+//   - a refresh that shortened the TTL (2): the key's local waiters wake,
+//     as other processes' do on the invalidation; the reply becomes 1.
+func (c *conn) ownWrite(s *rediscore.Script, lock string, v any) any {
+	if !c.tracked {
+		return v
+	}
+	switch s {
+	case rediscore.AcquireScript:
+		switch v.(type) {
+		case string, []any:
+			c.w.invalidateHold(lock)
+		}
+	case rediscore.RefreshScript:
+		switch n, _ := v.(int64); n {
+		case 0:
+			c.w.invalidateHold(lock)
+			c.w.hub.Wake(lock)
+		case 2:
+			c.w.hub.Wake(lock)
+			return int64(1)
+		}
+	}
+	return v
 }
 
 // RunBatch implements rediscore.Conn: one DoMulti of EVALSHA (rueidis
 // routes it by slot on a Cluster, one pipeline per node), then one of EVAL
-// for the calls that got NOSCRIPT. Commands are pinned, as doFunc's.
+// for the calls that got NOSCRIPT. Commands are pinned, as doFunc's. With
+// c.tracked, a batch of refreshes runs on the watch client, as Run's
+// refreshes do.
 func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []rediscore.Call) []rediscore.Reply {
 	out := make([]rediscore.Reply, len(calls))
 	cl, err := c.cl()
@@ -131,6 +194,24 @@ func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []redisc
 		}
 		return out
 	}
+	run := s
+	tracked := c.tracked && s == rediscore.RefreshScript
+	if tracked {
+		cl, run = c.watch, c.trackedScript(s)
+	}
+	c.runBatch(ctx, cl, run, calls, out)
+	if tracked {
+		for i := range out {
+			if out[i].Err == nil {
+				out[i].V = c.ownWrite(s, calls[i].Keys[0], out[i].V)
+			}
+		}
+	}
+	return out
+}
+
+// runBatch is RunBatch on cl, its replies in out.
+func (c *conn) runBatch(ctx context.Context, cl rueidis.Client, s *rediscore.Script, calls []rediscore.Call, out []rediscore.Reply) {
 	cmds := make(rueidis.Commands, len(calls))
 	for i, x := range calls {
 		cmds[i] = cl.B().Evalsha().Sha1(s.SHA).Numkeys(int64(len(x.Keys))).Key(x.Keys...).Arg(x.Args...).Build().Pin()
@@ -144,7 +225,7 @@ func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []redisc
 		out[i] = c.reply(ctx, r)
 	}
 	if len(retry) == 0 {
-		return out
+		return
 	}
 	cmds = cmds[:0]
 	for _, i := range retry {
@@ -154,7 +235,6 @@ func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []redisc
 	for j, r := range cl.DoMulti(ctx, cmds...) {
 		out[retry[j]] = c.reply(ctx, r)
 	}
-	return out
 }
 
 // reply converts one result as Run does.

@@ -133,7 +133,15 @@ func openDeployment(ctx context.Context, c *config, w *cscWaiter) (*Locker, erro
 	if err != nil {
 		return nil, err
 	}
-	watch, err := newClient(ctx, c.clientOption(c.Addrs, w), addr)
+	wopt := c.clientOption(c.Addrs, w)
+	// NOLOOP is safe only where no command of this process can evict a
+	// key (see trackedOptions): checkDeployment refuses any other policy
+	// unless allow_eviction=true.
+	tracked := !c.Cluster && !c.AllowEviction
+	if tracked {
+		trackedOptions(&wopt)
+	}
+	watch, err := newClient(ctx, wopt, addr)
 	if err != nil {
 		cmd.Close()
 		return nil, err
@@ -147,7 +155,24 @@ func openDeployment(ctx context.Context, c *config, w *cscWaiter) (*Locker, erro
 	w.piggyback = !c.Cluster
 	watchClient = watch
 	all := []rueidis.Client{cmd, watch}
-	return newLocker(w, w.hold, c.Options, &conn{client: cmd, addr: addr, owned: all, watch: watch, w: w, timed: timedOption(opt)}), nil
+	return newLocker(w, w.hold, c.Options, &conn{client: cmd, addr: addr, owned: all, watch: watch, w: w, timed: timedOption(opt), tracked: tracked}), nil
+}
+
+// trackedOptions makes opt's client (the watch client of one node or
+// Sentinel master) track with NOLOOP over a single connection, so that
+// the Locker's refreshes can run there and keep their key tracked
+// (conn.tracked): the tracked scripts read the key again after writing it,
+// and NOLOOP spares the connection the invalidation of its own write,
+// which would make the hold watch read the key again after every renewal.
+// NOLOOP also withholds an invalidation that a command of this connection
+// causes indirectly: the lazy expiry of a key it touches, which the
+// scripts' replies show (see conn.ownWrite), and an eviction made room for
+// it, which a server with maxmemory-policy noeviction never makes. One
+// connection, because rueidis spreads a client's commands over its
+// connections at random, and NOLOOP spares only the connection that wrote.
+func trackedOptions(opt *rueidis.ClientOption) {
+	opt.ClientTrackingOptions = []string{"OPTOUT", "NOLOOP"}
+	opt.PipelineMultiplex = -1
 }
 
 // checkDeployment is Open's check of a single server, Cluster or Sentinel

@@ -150,6 +150,13 @@ func (w *cscWaiter) wantsArm(lock string) (done func(ok bool), want bool) {
 	}, true
 }
 
+// invalidateHold tells the hold watch, if any, that lock may have changed.
+func (w *cscWaiter) invalidateHold(lock string) {
+	if w.hold != nil {
+		w.hold.Invalidate(lock)
+	}
+}
+
 // onInvalidations is the watch clients' OnInvalidations hook. It runs on a
 // rueidis reading goroutine, so it never blocks: it wakes the key's
 // subscribers and schedules a re-arm. A nil batch means the connection was

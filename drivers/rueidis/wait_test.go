@@ -332,3 +332,68 @@ func TestSubscribeCancelledContext(t *testing.T) {
 		t.Fatal("Subscribe with an empty key succeeded")
 	}
 }
+
+// The watch client tracks with NOLOOP, so the server tells this process
+// nothing of the writes its own refreshes make. A refresh that shortens
+// the TTL still wakes the key's subscribers in this process at once (not
+// when the key next changes), and a refresh that finds the key gone (its
+// read expired it, which NOLOOP would keep quiet) wakes them and makes the
+// hold watch report the grant lost.
+func TestOwnRefreshTellsThisProcess(t *testing.T) {
+	s := redistest.Start(t, "--enable-debug-command", "yes")
+	if _, err := s.Do("DEBUG", "SET-ACTIVE-EXPIRE", "0"); err != nil {
+		t.Fatal(err)
+	}
+	a := openT(t, urlOf(s.Addr))
+	ctx := ctxT(t, 30*time.Second)
+	o := newOwner()
+	if _, err := a.Acquire(ctx, "short", o, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	wake, cancel, err := a.Subscribe(ctx, "short")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cancel()
+	drivertest.WaitFor(t, 10*time.Second, "tracking", func() bool { return trackedByCache(a, "short") })
+	drain(wake)
+	if err := a.Refresh(ctx, "short", o, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	expectWake(t, wake, time.Second, "a refresh to a shorter TTL")
+
+	const ttl = 100 * time.Millisecond
+	tok, err := a.Acquire(ctx, "gone", o, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expires := time.Now().Add(ttl)
+	lost := make(chan error, 1)
+	stop, err := a.WatchHold("gone", o, tok, func(err error) { lost <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	wake2, cancel2, err := a.Subscribe(ctx, "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cancel2()
+	drivertest.WaitFor(t, 10*time.Second, "tracking", func() bool { return trackedByCache(a, "gone") })
+	drain(wake2)
+	// Active expiry is off, so the key stays until a read expires it: the
+	// wait is for the server's clock to pass the TTL, not for an event.
+	time.Sleep(time.Until(expires) + 20*time.Millisecond)
+	if err := a.Refresh(ctx, "gone", o, 30*time.Second); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("refresh of an expired key: %v, want ErrNotHeld", err)
+	}
+	expectWake(t, wake2, time.Second, "a refresh that expired the key")
+	select {
+	case err := <-lost:
+		if !errors.Is(err, driver.ErrNotHeld) {
+			t.Fatalf("hold watch: %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the hold watch did not report the expired grant within 1s")
+	}
+}

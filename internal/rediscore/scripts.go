@@ -3,6 +3,7 @@ package rediscore
 import (
 	"crypto/sha1"
 	"encoding/hex"
+	"strings"
 )
 
 // Script is a Lua script with its SHA1 (computed at init), run by EVALSHA
@@ -106,6 +107,39 @@ if v and string.sub(v, 1, 2) ~= 'q:' then
 end
 return 0
 `)
+
+// AcquireTrackedScript is AcquireScript for a connection that tracks the
+// keys it reads with CLIENT TRACKING ... NOLOOP: a write to the lock key
+// ends the tracking of it, and NOLOOP sends this connection no
+// invalidation for its own write, so each branch that writes the key reads
+// it again afterwards, which tracks it anew. Keys, arguments and replies
+// are AcquireScript's.
+var AcquireTrackedScript = newScript("acquire-tracked", editScript(AcquireScript.Src,
+	"redis.call('PEXPIRE', KEYS[1], ARGV[2])\n", "redis.call('PEXPIRE', KEYS[1], ARGV[2])\n    redis.call('GET', KEYS[1])\n",
+	"return grant(t)\n", "local s = grant(t)\nredis.call('GET', KEYS[1])\nreturn s\n"))
+
+// RefreshTrackedScript is RefreshScript for a tracking connection with
+// NOLOOP, as AcquireTrackedScript: after its PEXPIRE it reads the lock key
+// again, so the key stays tracked, and it replies 2 (not 1) when it
+// shortened the key's TTL, so that the caller can tell the waiters of its
+// own process, to whom NOLOOP sends nothing. Keys and arguments are
+// RefreshScript's.
+var RefreshTrackedScript = newScript("refresh-tracked", editScript(RefreshScript.Src,
+	"redis.call('PEXPIRE', KEYS[1], ARGV[2])\n", "redis.call('PEXPIRE', KEYS[1], ARGV[2])\n    redis.call('GET', KEYS[1])\n",
+	"redis.call('PUBLISH', ARGV[3], '1')\n", "redis.call('PUBLISH', ARGV[3], '1')\n      return 2\n"))
+
+// editScript returns src with each edit (pairs of old, new text) made;
+// each old text must occur exactly once, so that a script edited out of
+// shape fails at init, not at run time.
+func editScript(src string, edits ...string) string {
+	for i := 0; i+1 < len(edits); i += 2 {
+		if strings.Count(src, edits[i]) != 1 {
+			panic("rediscore: editScript: not found exactly once: " + edits[i])
+		}
+		src = strings.Replace(src, edits[i], edits[i+1], 1)
+	}
+	return src
+}
 
 // reserveLua hands a free lock to the first live waiter of its fair queue:
 // reserve(now, h, l, z, wake, self), given server time now in ms, the

@@ -93,6 +93,29 @@ func (m *monitor) take(t testing.TB, addr string, n int) []string {
 	return got
 }
 
+// Monitor records the commands clients send to one server, as Commands
+// counts them (MONITOR, script internals and the clients' background
+// traffic left out).
+type Monitor struct {
+	m    *monitor
+	addr string
+	n    int
+}
+
+// StartMonitor starts recording the commands sent to the server at addr;
+// it stops with the test.
+func StartMonitor(t testing.TB, addr string) *Monitor {
+	return &Monitor{m: startMonitor(t, addr), addr: addr}
+}
+
+// Take returns the commands recorded since the last Take (lower-cased
+// names), every command sent before the call included.
+func (m *Monitor) Take(t testing.TB) []string {
+	t.Helper()
+	m.n++
+	return m.m.take(t, m.addr, -m.n)
+}
+
 // CommandsPerOperation runs Commands on a single server and on a Redlock
 // over 3 masters; open opens the driver's Locker on a URL of the given
 // addresses.
