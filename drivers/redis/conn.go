@@ -13,6 +13,9 @@ import (
 type conn struct {
 	c    redis.UniversalClient
 	owns bool // Close closes c only when the driver created it
+	// tr, when set, may run the refreshes on its tracking connection
+	// (tracker.refreshClient).
+	tr *tracker
 }
 
 var (
@@ -37,6 +40,12 @@ func (c *conn) Timed() bool {
 // Run implements rediscore.Conn: EVALSHA, then EVAL on NOSCRIPT (EVAL also
 // caches the script, so the next EVALSHA hits).
 func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args ...string) (any, error) {
+	cl, run := c.c, s
+	if s == rediscore.RefreshScript {
+		if t := c.tr.refreshClient(); t != nil {
+			cl, run = t, rediscore.RefreshTrackedScript
+		}
+	}
 	var a []any
 	var buf [4]any
 	if len(args) <= len(buf) {
@@ -47,15 +56,18 @@ func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args
 	for i, x := range args {
 		a[i] = x
 	}
-	v, err := c.c.EvalSha(ctx, s.SHA, keys, a...).Result()
+	v, err := cl.EvalSha(ctx, run.SHA, keys, a...).Result()
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		v, err = c.c.Eval(ctx, s.Src, keys, a...).Result()
+		v, err = cl.Eval(ctx, run.Src, keys, a...).Result()
 	}
 	if err != nil {
 		if errors.Is(err, redis.Nil) {
 			return nil, nil
 		}
 		return nil, rediscore.MarkUnavailable(err)
+	}
+	if run != s {
+		v = c.tr.ownRefresh(keys[0], v)
 	}
 	return v, nil
 }
@@ -64,9 +76,15 @@ func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args
 // splits it by node on a Cluster and sends the parts in parallel), then
 // one of EVAL for the calls that got NOSCRIPT.
 func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []rediscore.Call) []rediscore.Reply {
+	cl, run := c.c, s
+	if s == rediscore.RefreshScript {
+		if t := c.tr.refreshClient(); t != nil {
+			cl, run = t, rediscore.RefreshTrackedScript
+		}
+	}
 	out := make([]rediscore.Reply, len(calls))
-	cmds := c.pipeline(ctx, calls, func(p redis.Pipeliner, x rediscore.Call, a []any) *redis.Cmd {
-		return p.EvalSha(ctx, s.SHA, x.Keys, a...)
+	cmds := pipeline(ctx, cl, calls, func(p redis.Pipeliner, x rediscore.Call, a []any) *redis.Cmd {
+		return p.EvalSha(ctx, run.SHA, x.Keys, a...)
 	})
 	var retry []int
 	for i, cmd := range cmds {
@@ -76,26 +94,32 @@ func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []redisc
 		}
 		out[i] = reply(cmd)
 	}
-	if len(retry) == 0 {
-		return out
+	if len(retry) > 0 {
+		again := make([]rediscore.Call, len(retry))
+		for j, i := range retry {
+			again[j] = calls[i]
+		}
+		cmds = pipeline(ctx, cl, again, func(p redis.Pipeliner, x rediscore.Call, a []any) *redis.Cmd {
+			return p.Eval(ctx, run.Src, x.Keys, a...)
+		})
+		for j, i := range retry {
+			out[i] = reply(cmds[j])
+		}
 	}
-	again := make([]rediscore.Call, len(retry))
-	for j, i := range retry {
-		again[j] = calls[i]
-	}
-	cmds = c.pipeline(ctx, again, func(p redis.Pipeliner, x rediscore.Call, a []any) *redis.Cmd {
-		return p.Eval(ctx, s.Src, x.Keys, a...)
-	})
-	for j, i := range retry {
-		out[i] = reply(cmds[j])
+	if run != s {
+		for i := range out {
+			if out[i].Err == nil {
+				out[i].V = c.tr.ownRefresh(calls[i].Keys[0], out[i].V)
+			}
+		}
 	}
 	return out
 }
 
 // pipeline queues one command per call, made by cmd, and executes them in
-// one pipeline.
-func (c *conn) pipeline(ctx context.Context, calls []rediscore.Call, cmd func(redis.Pipeliner, rediscore.Call, []any) *redis.Cmd) []*redis.Cmd {
-	p := c.c.Pipeline()
+// one pipeline on cl.
+func pipeline(ctx context.Context, cl redis.UniversalClient, calls []rediscore.Call, cmd func(redis.Pipeliner, rediscore.Call, []any) *redis.Cmd) []*redis.Cmd {
+	p := cl.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, x := range calls {
 		a := make([]any, len(x.Args))

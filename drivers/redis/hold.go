@@ -37,6 +37,11 @@ type tracker struct {
 	// Cluster.
 	route func(ctx context.Context, lock string) (addr string, err error)
 
+	// noloop: one server (or Sentinel master) whose policy cannot evict a
+	// lock key; its tracking connection runs with NOLOOP and the Locker's
+	// refreshes run there (see refreshClient).
+	noloop bool
+
 	mu     sync.Mutex
 	nodes  map[string]*nodeTracker
 	closed bool
@@ -57,7 +62,7 @@ func newRoutedTracker(clientFor func(addr string) func(func(context.Context, *re
 	t.hold = rediscore.NewHoldWatch(t.read, prefix)
 	t.hold.SetBatchReader(t.readBatch)
 	t.newNode = func(addr string) *nodeTracker {
-		return &nodeTracker{newClient: clientFor(addr), hold: t.hold, ready: make(chan struct{}), done: make(chan struct{})}
+		return &nodeTracker{newClient: clientFor(addr), hold: t.hold, noloop: t.noloop, ready: make(chan struct{}), done: make(chan struct{})}
 	}
 	return t
 }
@@ -125,6 +130,56 @@ func (t *tracker) readBatch(ctx context.Context, locks []string) []rediscore.Hol
 	return out
 }
 
+// refreshClient returns the tracking client that runs the Locker's
+// refreshes, or nil when they run on the Locker's own client: without
+// NOLOOP, or before the tracker has started (no hold watched yet) and
+// while its subscriber is not confirmed. A refresh there runs
+// RefreshTrackedScript, which reads the key again after its PEXPIRE: the
+// key stays tracked, the server sends no invalidation for the owner's own
+// write, and the hold watch reads nothing after it.
+//
+// NOLOOP also keeps back the invalidations that a command of the tracking
+// connection causes indirectly: the lazy expiry of a key it touches, which
+// the refresh's reply shows (see ownRefresh), and an eviction made room for
+// it, which a server with maxmemory-policy noeviction (Open's check unless
+// allow_eviction=true) never makes.
+func (t *tracker) refreshClient() *redis.Client {
+	if t == nil || !t.noloop {
+		return nil
+	}
+	t.mu.Lock()
+	n := t.nodes[""]
+	t.mu.Unlock()
+	if n == nil {
+		return nil
+	}
+	select {
+	case <-n.ready:
+	default:
+		return nil
+	}
+	c, err := n.tracking()
+	if err != nil {
+		return nil
+	}
+	return c
+}
+
+// ownRefresh tells the hold watch what NOLOOP kept back after a refresh of
+// lock on the tracking connection replied v, and returns the reply
+// RefreshScript would have given: on 0 (the key is not the owner's; the
+// refresh's read may have expired it) the watch reads the key again; 2 (the
+// TTL was shortened) becomes 1.
+func (t *tracker) ownRefresh(lock string, v any) any {
+	switch n, _ := v.(int64); n {
+	case 0:
+		t.hold.Invalidate(lock)
+	case 2:
+		return int64(1)
+	}
+	return v
+}
+
 // close ends every watch and closes every server's connections.
 func (t *tracker) close() {
 	t.hold.Close()
@@ -147,6 +202,7 @@ func (t *tracker) close() {
 type nodeTracker struct {
 	newClient func(onConnect func(context.Context, *redis.Conn) error, resp2 bool) *redis.Client
 	hold      *rediscore.HoldWatch
+	noloop    bool // CLIENT TRACKING ... NOLOOP (see tracker.refreshClient)
 
 	subID atomic.Int64 // CLIENT ID of the subscriber's current connection
 
@@ -207,7 +263,11 @@ func (t *nodeTracker) newTrackingClient() *redis.Client {
 		if id == 0 {
 			return errors.New("redis: hold watch: invalidation subscriber not connected")
 		}
-		if err := cn.Do(ctx, "CLIENT", "TRACKING", "ON", "REDIRECT", strconv.FormatInt(id, 10)).Err(); err != nil {
+		args := []any{"CLIENT", "TRACKING", "ON", "REDIRECT", strconv.FormatInt(id, 10)}
+		if t.noloop {
+			args = append(args, "NOLOOP")
+		}
+		if err := cn.Do(ctx, args...).Err(); err != nil {
 			return err
 		}
 		if conns.Add(1) > 1 {

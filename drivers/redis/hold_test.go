@@ -3,6 +3,7 @@ package redis
 import (
 	"testing"
 
+	"github.com/go-locker/locker/internal/redistest"
 	"github.com/go-locker/locker/internal/redistest/holdtest"
 )
 
@@ -30,3 +31,13 @@ func TestHoldWatchCost(t *testing.T) { holdtest.CheckCost(t, urlOf) }
 // A Locker watching a key's changes (driver.ChangeWatcher) hears each
 // grant, release and expiry made elsewhere.
 func TestWatchChanges(t *testing.T) { holdtest.Changes(t, urlOf) }
+
+// The holder's own refreshes, one by one and batched, send the server one
+// EVALSHA each and the hold watch no GET, and leave the key watched.
+func TestHoldWatchOwnRefreshReads(t *testing.T) {
+	s := redistest.Start(t)
+	holdtest.OwnRefreshReads(t, urlOf(s.Addr), s.Addr)
+}
+
+// A refresh whose own read expires the key has the hold watch report it.
+func TestHoldWatchExpiredByOwnRefresh(t *testing.T) { holdtest.ExpiredByOwnRefresh(t, urlOf) }

@@ -110,7 +110,9 @@ func (c *config) clients() ([]redis.UniversalClient, *tracker) {
 			return n.Options().Addr, nil
 		}, c.Options.Prefix)
 	}
-	return []redis.UniversalClient{c.client()}, newTracker(c.watchClient, c.Options.Prefix)
+	tr := newTracker(c.watchClient, c.Options.Prefix)
+	tr.noloop = !c.AllowEviction // check refuses a policy that can evict otherwise
+	return []redis.UniversalClient{c.client()}, tr
 }
 
 // New returns a Locker on a client the caller already has: a *redis.Client
@@ -152,7 +154,11 @@ func newLocker(clients []redis.UniversalClient, o rediscore.Options, owns bool, 
 	conns := make([]rediscore.Conn, len(clients))
 	w := &waiter{subs: make([]*subscriber, len(clients)), quorum: 1, tracker: tr}
 	for i, c := range clients {
-		conns[i] = &conn{c: c, owns: owns}
+		cn := &conn{c: c, owns: owns}
+		if tr != nil && tr.noloop {
+			cn.tr = tr
+		}
+		conns[i] = cn
 		w.subs[i] = newSubscriber(c)
 	}
 	if len(clients) > 1 {

@@ -104,7 +104,9 @@ func (c *config) client() redis.UniversalClient {
 
 // watchClient builds a one-connection client for hold watching, on the
 // single server or the Sentinel master, calling onConnect on each new
-// connection; resp2 selects RESP2 (the invalidation subscriber).
+// connection; resp2 selects RESP2 (the invalidation subscriber). Its
+// pipelines run on that connection too: go-redis would otherwise give them
+// a pool of their own, whose every connection would track apart.
 func (c *config) watchClient(onConnect func(context.Context, *redis.Conn) error, resp2 bool) *redis.Client {
 	proto := 3
 	if resp2 {
@@ -130,7 +132,7 @@ func (c *config) watchClient(onConnect func(context.Context, *redis.Conn) error,
 			Username: c.Username, Password: c.Password, DB: c.DB,
 			ClientName: c.ClientName, TLSConfig: c.tlsConfig(), Protocol: proto,
 			DialTimeout: c.DialTimeout, ReadTimeout: c.readTimeout, WriteTimeout: c.writeTimeout,
-			PoolSize: 1, MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true, DisableIdentity: true,
+			PoolSize: 1, PipelinePoolSize: -1, MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true, DisableIdentity: true,
 			OnConnect: onConnect,
 		})
 	}
@@ -143,6 +145,7 @@ func (c *config) watchClientAt(addr string) func(func(context.Context, *redis.Co
 	return func(onConnect func(context.Context, *redis.Conn) error, resp2 bool) *redis.Client {
 		o := c.nodeOptions(addr)
 		o.PoolSize, o.Protocol, o.OnConnect = 1, 3, onConnect
+		o.PipelinePoolSize = -1 // pipelines on the one connection too (no pipeline pool)
 		if resp2 {
 			o.Protocol = 2
 		}

@@ -38,3 +38,6 @@ func TestHoldWatchOwnRefreshReads(t *testing.T) {
 	s := redistest.Start(t)
 	holdtest.OwnRefreshReads(t, urlOf(s.Addr), s.Addr)
 }
+
+// A refresh whose own read expires the key has the hold watch report it.
+func TestHoldWatchExpiredByOwnRefresh(t *testing.T) { holdtest.ExpiredByOwnRefresh(t, urlOf) }

@@ -87,3 +87,49 @@ func countOf(cmds []string, name string) int {
 	}
 	return n
 }
+
+// ExpiredByOwnRefresh asserts that a refresh whose own read expires the
+// lock key (active expiry off, so the key stays until read) makes the
+// hold watch report the grant lost, although the server sends the
+// refreshing connection no invalidation for it when that connection tracks
+// with NOLOOP. of builds the driver's URL of a server's address.
+func ExpiredByOwnRefresh(t *testing.T, of func(addrs ...string) string) {
+	s := redistest.Start(t, "--enable-debug-command", "yes")
+	if _, err := s.Do("DEBUG", "SET-ACTIVE-EXPIRE", "0"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d := drivertest.Open(t, of(s.Addr)).Driver()
+	w, ok := d.(driver.HoldWatcher)
+	if !ok {
+		t.Fatal("the driver is no driver.HoldWatcher")
+	}
+	const ttl = 100 * time.Millisecond
+	tok, err := d.Acquire(ctx, "gone", "o", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expires := time.Now().Add(ttl)
+	lost := make(chan error, 1)
+	stop, err := w.WatchHold("gone", "o", tok, func(err error) { lost <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	WaitWatched(t, s.Do, "gone")
+	// The wait is for the server's clock to pass the TTL, not for an event:
+	// nothing happens on the server when it does.
+	time.Sleep(time.Until(expires) + 20*time.Millisecond)
+	if err := d.Refresh(ctx, "gone", "o", 30*time.Second); !errors.Is(err, driver.ErrNotHeld) {
+		t.Fatalf("refresh of an expired key: %v, want ErrNotHeld", err)
+	}
+	select {
+	case err := <-lost:
+		if !errors.Is(err, driver.ErrNotHeld) {
+			t.Fatalf("hold watch: %v, want ErrNotHeld", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the hold watch did not report the grant within 1s of the refresh that expired it")
+	}
+}
