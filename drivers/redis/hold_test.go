@@ -36,7 +36,7 @@ func TestWatchChanges(t *testing.T) { holdtest.Changes(t, urlOf) }
 // EVALSHA each and the hold watch no GET, and leave the key watched.
 func TestHoldWatchOwnRefreshReads(t *testing.T) {
 	s := redistest.Start(t)
-	holdtest.OwnRefreshReads(t, urlOf(s.Addr), s.Addr)
+	holdtest.OwnRefreshReads(t, urlOf(s.Addr), []string{s.Addr}, holdtest.Single(s.Do))
 }
 
 // A refresh whose own read expires the key has the hold watch report it.

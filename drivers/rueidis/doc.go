@@ -91,8 +91,9 @@
 // Adopted clients are not watched: their invalidation hook belongs to
 // their owner.
 //
-// On a single server or a Sentinel master opened by Open (and unless
-// allow_eviction=true), the tracking client has one connection with
+// On a Locker from Open (a single server, a Cluster or a Sentinel master,
+// unless allow_eviction=true), the tracking client has one connection (per
+// node) with
 // CLIENT TRACKING ON OPTOUT NOLOOP, and the holder's refreshes, one by one
 // and batched, run there too, with a script that reads the key again after
 // its PEXPIRE: the key stays tracked, the server sends this process no
@@ -103,9 +104,9 @@
 // and has its hold watch read the key again. NOLOOP would also keep back
 // the invalidation of a key evicted to make room for one of this
 // connection's commands, which is why it needs maxmemory-policy
-// noeviction (what Open checks by default). A Cluster, Redlock,
-// NewWithClientOption and allow_eviction=true keep the refreshes on the
-// script client, and the hold watch reads each key again after them.
+// noeviction (what Open checks by default). Redlock, NewWithClientOption
+// and allow_eviction=true keep the refreshes on the script client, and the
+// hold watch reads each key again after them.
 //
 // # Shared holds
 //

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 	"github.com/go-locker/locker/internal/redistest/holdtest"
 )
 
@@ -36,7 +37,12 @@ func TestWatchChanges(t *testing.T) { holdtest.Changes(t, urlOf) }
 // EVALSHA each and the hold watch no GET, and leave the key watched.
 func TestHoldWatchOwnRefreshReads(t *testing.T) {
 	s := redistest.Start(t)
-	holdtest.OwnRefreshReads(t, urlOf(s.Addr), s.Addr)
+	holdtest.OwnRefreshReads(t, urlOf(s.Addr), []string{s.Addr}, holdtest.Single(s.Do))
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.StartCluster(t, 3)
+		u := drivertest.With(urlOf(c.Addrs()...), "cluster=true")
+		holdtest.OwnRefreshReads(t, u, redistest.Addrs(c.Masters), holdtest.Cluster(c.Masters))
+	})
 }
 
 // A refresh whose own read expires the key has the hold watch report it.

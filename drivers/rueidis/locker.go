@@ -137,7 +137,7 @@ func openDeployment(ctx context.Context, c *config, w *cscWaiter) (*Locker, erro
 	// NOLOOP is safe only where no command of this process can evict a
 	// key (see trackedOptions): checkDeployment refuses any other policy
 	// unless allow_eviction=true.
-	tracked := !c.Cluster && !c.AllowEviction
+	tracked := !c.AllowEviction
 	if tracked {
 		trackedOptions(&wopt)
 	}
@@ -158,8 +158,9 @@ func openDeployment(ctx context.Context, c *config, w *cscWaiter) (*Locker, erro
 	return newLocker(w, w.hold, c.Options, &conn{client: cmd, addr: addr, owned: all, watch: watch, w: w, timed: timedOption(opt), tracked: tracked}), nil
 }
 
-// trackedOptions makes opt's client (the watch client of one node or
-// Sentinel master) track with NOLOOP over a single connection, so that
+// trackedOptions makes opt's client (the watch client of a single server,
+// Cluster or Sentinel master) track with NOLOOP over a single connection
+// per node, so that
 // the Locker's refreshes can run there and keep their key tracked
 // (conn.tracked): the tracked scripts read the key again after writing it,
 // and NOLOOP spares the connection the invalidation of its own write,

@@ -13,15 +13,16 @@ import (
 )
 
 // OwnRefreshReads asserts that the holder's own refreshes cost the hold
-// watch nothing on a Locker opened on url (one server at addr), counted by
-// the server (MONITOR, script internals left out): once the watch has
+// watch nothing on a Locker opened on url, counted by the servers at addrs
+// (MONITOR, script internals left out; at names the server of a key, as
+// for Run): once the watch has
 // armed, refreshes of a package-level Lock, one by one and in a
 // driver.BatchRefresher batch, are one EVALSHA each and nothing else, so
 // the watch sends no GET after them; and the key is still watched: a DEL
 // from another client afterwards closes Lost() within Bound,
 // after which the watch's one GET (the read that finds the key gone) is
 // the only one.
-func OwnRefreshReads(t *testing.T, url, addr string) {
+func OwnRefreshReads(t *testing.T, url string, addrs []string, at func(string) Do) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l := drivertest.Open(t, url)
@@ -30,36 +31,46 @@ func OwnRefreshReads(t *testing.T, url, addr string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	do := func(args ...string) (any, error) { return redistest.Do(addr, args...) }
-	WaitWatched(t, do, "k") // the watch's first read has run
-	// Warm up: the refresh script loaded (its first run is EVALSHA,
-	// NOSCRIPT, then EVAL).
-	if err := lk.Refresh(ctx, 30*time.Second); err != nil {
-		t.Fatal(err)
+	const lock = "locker:{k}"
+	WaitWatched(t, at(lock), "k") // the watch's first read has run
+	br, ok := l.Driver().(driver.BatchRefresher)
+	if !ok {
+		t.Fatal("the driver is no driver.BatchRefresher")
 	}
-	m := drivertest.StartMonitor(t, addr)
-	m.Take(t)
+	items := []driver.RefreshItem{{Key: "k", Owner: owner, TTL: 30 * time.Second}, {Key: "free", Owner: owner, TTL: 30 * time.Second}}
+	// Warm up: the refresh script loaded on every server the batch reaches
+	// (its first run there is EVALSHA, NOSCRIPT, then EVAL).
+	if errs := br.RefreshBatch(ctx, items); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	ms := make([]*drivertest.Monitor, len(addrs))
+	for i, a := range addrs {
+		ms[i] = drivertest.StartMonitor(t, a)
+	}
+	take := func() []string {
+		var all []string
+		for _, m := range ms {
+			all = append(all, m.Take(t)...)
+		}
+		return all
+	}
+	take()
 	const refreshes = 5
 	for range refreshes {
 		if err := lk.Refresh(ctx, 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
-	br, ok := l.Driver().(driver.BatchRefresher)
-	if !ok {
-		t.Fatal("the driver is no driver.BatchRefresher")
-	}
-	items := []driver.RefreshItem{{Key: "k", Owner: owner, TTL: 30 * time.Second}, {Key: "free", Owner: owner, TTL: 30 * time.Second}}
 	errs := br.RefreshBatch(ctx, items)
 	if errs[0] != nil || !errors.Is(errs[1], driver.ErrNotHeld) {
 		t.Fatalf("batch: %v, want nil and ErrNotHeld", errs)
 	}
-	got := m.Take(t)
+	got := take()
 	if want := refreshes + len(items); len(got) != want || countOf(got, "evalsha") != want {
 		t.Fatalf("%d refreshes and a batch of %d: the server got %v, want %d EVALSHA and nothing else", refreshes, len(items), got, want)
 	}
-	at := time.Now()
-	if _, err := redistest.Do(addr, "DEL", "locker:{k}"); err != nil {
+	start := time.Now()
+	if _, err := at(lock)("DEL", lock); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -67,10 +78,10 @@ func OwnRefreshReads(t *testing.T, url, addr string) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost() still open 5s after the DEL: the refreshes left the key unwatched")
 	}
-	if gap := time.Since(at); gap > Bound {
+	if gap := time.Since(start); gap > Bound {
 		t.Fatalf("Lost() closed %v after the DEL, want within %v", gap, Bound)
 	}
-	got = m.Take(t)
+	got = take()
 	if countOf(got, "get") != 1 {
 		t.Fatalf("after the DEL the server got %v, want one GET (the watch's read that finds the key gone)", got)
 	}
