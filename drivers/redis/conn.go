@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -38,14 +39,11 @@ func (c *conn) Timed() bool {
 }
 
 // Run implements rediscore.Conn: EVALSHA, then EVAL on NOSCRIPT (EVAL also
-// caches the script, so the next EVALSHA hits).
+// caches the script, so the next EVALSHA hits). A refresh runs on the
+// tracking connection of the key's server when there is one
+// (tracker.refreshClient), and again on the Locker's client if it did not
+// reach the script there (retryElsewhere).
 func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args ...string) (any, error) {
-	cl, run := c.c, s
-	if s == rediscore.RefreshScript {
-		if t := c.tr.refreshClient(); t != nil {
-			cl, run = t, rediscore.RefreshTrackedScript
-		}
-	}
 	var a []any
 	var buf [4]any
 	if len(args) <= len(buf) {
@@ -56,35 +54,124 @@ func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args
 	for i, x := range args {
 		a[i] = x
 	}
-	v, err := cl.EvalSha(ctx, run.SHA, keys, a...).Result()
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		v, err = cl.Eval(ctx, run.Src, keys, a...).Result()
-	}
-	if err != nil {
-		if errors.Is(err, redis.Nil) {
-			return nil, nil
+	if s == rediscore.RefreshScript {
+		if t := c.tr.refreshClient(ctx, keys[0]); t != nil {
+			v, err := eval(ctx, t, rediscore.RefreshTrackedScript, keys, a)
+			if err == nil {
+				return c.tr.ownRefresh(keys[0], v), nil
+			}
+			if !retryElsewhere(ctx, err) {
+				return nil, rediscore.MarkUnavailable(err)
+			}
 		}
-		return nil, rediscore.MarkUnavailable(err)
 	}
-	if run != s {
-		v = c.tr.ownRefresh(keys[0], v)
+	v, err := eval(ctx, c.c, s, keys, a)
+	if err != nil {
+		return nil, rediscore.MarkUnavailable(err)
 	}
 	return v, nil
 }
 
-// RunBatch implements rediscore.Conn: one pipeline of EVALSHA (go-redis
-// splits it by node on a Cluster and sends the parts in parallel), then
-// one of EVAL for the calls that got NOSCRIPT.
-func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []rediscore.Call) []rediscore.Reply {
-	cl, run := c.c, s
-	if s == rediscore.RefreshScript {
-		if t := c.tr.refreshClient(); t != nil {
-			cl, run = t, rediscore.RefreshTrackedScript
+// eval runs s on cl: EVALSHA, then EVAL on NOSCRIPT; a nil reply is nil.
+func eval(ctx context.Context, cl redis.Scripter, s *rediscore.Script, keys []string, a []any) (any, error) {
+	v, err := cl.EvalSha(ctx, s.SHA, keys, a...).Result()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		v, err = cl.Eval(ctx, s.Src, keys, a...).Result()
+	}
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	return v, err
+}
+
+// retryElsewhere reports whether a refresh that failed with err on a
+// tracking connection is run again on the Locker's client: when ctx is not
+// done and the script did not run, or may have run, for a reason of that
+// connection (it broke or is being replaced, the server answered MOVED,
+// ASK, TRYAGAIN or CLUSTERDOWN on a Cluster whose slots moved). A refresh
+// may run twice: it is idempotent.
+func retryElsewhere(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return true
+	}
+	for _, p := range []string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
 		}
 	}
+	return false
+}
+
+// RunBatch implements rediscore.Conn: one pipeline of EVALSHA (go-redis
+// splits it by node on a Cluster and sends the parts in parallel), then
+// one of EVAL for the calls that got NOSCRIPT. A batch of refreshes goes
+// to the tracking connections of the keys' servers where there are some,
+// one pipeline each, in parallel, and the calls that did not reach the
+// script there to the Locker's client, as Run's.
+func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []rediscore.Call) []rediscore.Reply {
 	out := make([]rediscore.Reply, len(calls))
+	if s != rediscore.RefreshScript || c.tr == nil {
+		batch(ctx, c.c, s, calls, out)
+		return out
+	}
+	groups := map[*redis.Client][]int{}
+	var rest []int
+	for i, x := range calls {
+		if t := c.tr.refreshClient(ctx, x.Keys[0]); t != nil {
+			groups[t] = append(groups[t], i)
+		} else {
+			rest = append(rest, i)
+		}
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for t, idx := range groups {
+		wg.Go(func() {
+			part := make([]rediscore.Call, len(idx))
+			for j, i := range idx {
+				part[j] = calls[i]
+			}
+			res := make([]rediscore.Reply, len(idx))
+			batch(ctx, t, rediscore.RefreshTrackedScript, part, res)
+			mu.Lock()
+			defer mu.Unlock()
+			for j, i := range idx {
+				switch r := res[j]; {
+				case r.Err == nil:
+					out[i] = rediscore.Reply{V: c.tr.ownRefresh(calls[i].Keys[0], r.V)}
+				case retryElsewhere(ctx, r.Err):
+					rest = append(rest, i)
+				default:
+					out[i] = r
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(rest) > 0 {
+		part := make([]rediscore.Call, len(rest))
+		for j, i := range rest {
+			part[j] = calls[i]
+		}
+		res := make([]rediscore.Reply, len(rest))
+		batch(ctx, c.c, s, part, res)
+		for j, i := range rest {
+			out[i] = res[j]
+		}
+	}
+	return out
+}
+
+// batch runs one call of s per element of calls on cl, in one pipeline of
+// EVALSHA and one of EVAL for the calls that got NOSCRIPT; their replies
+// go to out.
+func batch(ctx context.Context, cl redis.UniversalClient, s *rediscore.Script, calls []rediscore.Call, out []rediscore.Reply) {
 	cmds := pipeline(ctx, cl, calls, func(p redis.Pipeliner, x rediscore.Call, a []any) *redis.Cmd {
-		return p.EvalSha(ctx, run.SHA, x.Keys, a...)
+		return p.EvalSha(ctx, s.SHA, x.Keys, a...)
 	})
 	var retry []int
 	for i, cmd := range cmds {
@@ -94,26 +181,19 @@ func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []redisc
 		}
 		out[i] = reply(cmd)
 	}
-	if len(retry) > 0 {
-		again := make([]rediscore.Call, len(retry))
-		for j, i := range retry {
-			again[j] = calls[i]
-		}
-		cmds = pipeline(ctx, cl, again, func(p redis.Pipeliner, x rediscore.Call, a []any) *redis.Cmd {
-			return p.Eval(ctx, run.Src, x.Keys, a...)
-		})
-		for j, i := range retry {
-			out[i] = reply(cmds[j])
-		}
+	if len(retry) == 0 {
+		return
 	}
-	if run != s {
-		for i := range out {
-			if out[i].Err == nil {
-				out[i].V = c.tr.ownRefresh(calls[i].Keys[0], out[i].V)
-			}
-		}
+	again := make([]rediscore.Call, len(retry))
+	for j, i := range retry {
+		again[j] = calls[i]
 	}
-	return out
+	cmds = pipeline(ctx, cl, again, func(p redis.Pipeliner, x rediscore.Call, a []any) *redis.Cmd {
+		return p.Eval(ctx, s.Src, x.Keys, a...)
+	})
+	for j, i := range retry {
+		out[i] = reply(cmds[j])
+	}
 }
 
 // pipeline queues one command per call, made by cmd, and executes them in

@@ -126,18 +126,18 @@
 // connections per Locker (per Cluster master), opened with the first
 // watch there.
 //
-// On a single server or a Sentinel master (unless allow_eviction=true) the
-// tracking connection also has NOLOOP, and once it is up the Locker's
-// refreshes, one by one and batched, run on it with a script that reads
-// the key again after its PEXPIRE: the key stays tracked, the server sends
+// Unless allow_eviction=true, each tracking connection also has NOLOOP,
+// and once it is up the Locker's refreshes of the keys its server serves,
+// one by one and batched, run on it with a script that reads the key again
+// after its PEXPIRE: the key stays tracked, the server sends
 // no invalidation for the owner's own refresh, and the watch reads nothing
 // after it. A refresh that finds the key gone (its read may have expired
 // it, which NOLOOP keeps quiet) has the watch read the key again. NOLOOP
 // would also keep back the invalidation of a key evicted to make room for
 // one of the tracking connection's commands, which is why it needs
-// maxmemory-policy noeviction (Open's check). On a Cluster the refreshes
-// run on the Locker's client, and the watch reads each key again after
-// them.
+// maxmemory-policy noeviction (Open's check). A refresh that does not
+// reach the script on a tracking connection (it broke or is being
+// replaced, or a Cluster's slot moved) runs again on the Locker's client.
 //
 // Not watched: Redlock (a grant is a quorum, so one
 // node's change is not a loss; counting per-node invalidations is not

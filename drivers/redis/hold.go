@@ -37,8 +37,8 @@ type tracker struct {
 	// Cluster.
 	route func(ctx context.Context, lock string) (addr string, err error)
 
-	// noloop: one server (or Sentinel master) whose policy cannot evict a
-	// lock key; its tracking connection runs with NOLOOP and the Locker's
+	// noloop: servers whose policy cannot evict a lock key (Open checked);
+	// their tracking connections run with NOLOOP and the Locker's
 	// refreshes run there (see refreshClient).
 	noloop bool
 
@@ -131,8 +131,9 @@ func (t *tracker) readBatch(ctx context.Context, locks []string) []rediscore.Hol
 }
 
 // refreshClient returns the tracking client that runs the Locker's
-// refreshes, or nil when they run on the Locker's own client: without
-// NOLOOP, or before the tracker has started (no hold watched yet) and
+// refreshes of lock (that of the server serving it), or nil when they run
+// on the Locker's own client: without NOLOOP, when the server cannot be
+// named, or before its tracker has started (no hold watched there yet) and
 // while its subscriber is not confirmed. A refresh there runs
 // RefreshTrackedScript, which reads the key again after its PEXPIRE: the
 // key stays tracked, the server sends no invalidation for the owner's own
@@ -143,12 +144,20 @@ func (t *tracker) readBatch(ctx context.Context, locks []string) []rediscore.Hol
 // the refresh's reply shows (see ownRefresh), and an eviction made room for
 // it, which a server with maxmemory-policy noeviction (Open's check unless
 // allow_eviction=true) never makes.
-func (t *tracker) refreshClient() *redis.Client {
+func (t *tracker) refreshClient(ctx context.Context, lock string) *redis.Client {
 	if t == nil || !t.noloop {
 		return nil
 	}
+	addr := ""
+	if t.route != nil {
+		a, err := t.route(ctx, lock)
+		if err != nil {
+			return nil
+		}
+		addr = a
+	}
 	t.mu.Lock()
-	n := t.nodes[""]
+	n := t.nodes[addr]
 	t.mu.Unlock()
 	if n == nil {
 		return nil

@@ -1,9 +1,15 @@
 package redis
 
 import (
+	"context"
 	"testing"
+	"time"
+
+	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/driver"
 
 	"github.com/go-locker/locker/internal/redistest"
+	"github.com/go-locker/locker/internal/redistest/drivertest"
 	"github.com/go-locker/locker/internal/redistest/holdtest"
 )
 
@@ -33,11 +39,51 @@ func TestHoldWatchCost(t *testing.T) { holdtest.CheckCost(t, urlOf) }
 func TestWatchChanges(t *testing.T) { holdtest.Changes(t, urlOf) }
 
 // The holder's own refreshes, one by one and batched, send the server one
-// EVALSHA each and the hold watch no GET, and leave the key watched.
+// EVALSHA each and the hold watch no GET, and leave the key watched, on a
+// single server and on a Cluster.
 func TestHoldWatchOwnRefreshReads(t *testing.T) {
 	s := redistest.Start(t)
 	holdtest.OwnRefreshReads(t, urlOf(s.Addr), []string{s.Addr}, holdtest.Single(s.Do))
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.StartCluster(t, 3)
+		u := drivertest.With(urlOf(c.Addrs()...), "cluster=true")
+		holdtest.OwnRefreshReads(t, u, redistest.Addrs(c.Masters), holdtest.Cluster(c.Masters))
+	})
 }
 
 // A refresh whose own read expires the key has the hold watch report it.
 func TestHoldWatchExpiredByOwnRefresh(t *testing.T) { holdtest.ExpiredByOwnRefresh(t, urlOf) }
+
+// A refresh whose tracking client fails under it (here closed, as when a
+// reconnected subscriber has it replaced) runs again on the Locker's own
+// client and succeeds (retryElsewhere): a broken tracking connection costs
+// no renewal.
+func TestTrackedRefreshFallsBack(t *testing.T) {
+	s := redistest.Start(t)
+	l := drivertest.Open(t, urlOf(s.Addr))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lk, err := l.TryAcquire(ctx, "k", locker.WithTTL(30*time.Second), locker.WithOwner("o"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.TryAcquire(ctx, "k2", locker.WithTTL(30*time.Second), locker.WithOwner("o")); err != nil {
+		t.Fatal(err)
+	}
+	holdtest.WaitWatched(t, s.Do, "k")
+	tr := l.Driver().(*Locker).tr
+	trk := tr.refreshClient(ctx, "locker:{k}")
+	if trk == nil {
+		t.Fatal("no tracking client runs the refreshes")
+	}
+	if err := trk.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.Refresh(ctx, 30*time.Second); err != nil {
+		t.Fatalf("refresh with its tracking client closed: %v", err)
+	}
+	errs := l.Driver().(driver.BatchRefresher).RefreshBatch(ctx, []driver.RefreshItem{{Key: "k", Owner: "o", TTL: 30 * time.Second}, {Key: "k2", Owner: "o", TTL: 30 * time.Second}})
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("batch refresh with the tracking client closed: %v", errs)
+	}
+}

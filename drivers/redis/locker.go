@@ -36,6 +36,7 @@ func (Driver) Open(dsn string) (driver.Locker, error) {
 // concurrent use. Every error it returns starts with "redis: ".
 type Locker struct {
 	core *rediscore.Locker
+	tr   *tracker // the hold watch's, nil if none
 }
 
 var (
@@ -102,13 +103,15 @@ func (c *config) clients() ([]redis.UniversalClient, *tracker) {
 		return clients, nil
 	case "cluster":
 		cc := c.client().(*redis.ClusterClient)
-		return []redis.UniversalClient{cc}, newRoutedTracker(c.watchClientAt, func(ctx context.Context, lock string) (string, error) {
+		tr := newRoutedTracker(c.watchClientAt, func(ctx context.Context, lock string) (string, error) {
 			n, err := cc.MasterForKey(ctx, lock)
 			if err != nil {
 				return "", err
 			}
 			return n.Options().Addr, nil
 		}, c.Options.Prefix)
+		tr.noloop = !c.AllowEviction // check refuses a policy that can evict otherwise
+		return []redis.UniversalClient{cc}, tr
 	}
 	tr := newTracker(c.watchClient, c.Options.Prefix)
 	tr.noloop = !c.AllowEviction // check refuses a policy that can evict otherwise
@@ -176,7 +179,7 @@ func newLocker(clients []redis.UniversalClient, o rediscore.Options, owns bool, 
 		cfg.Listener = w.subs[0] // the fair queue's wake-ups
 		_, cfg.Sharded = clients[0].(*redis.ClusterClient)
 	}
-	return &Locker{core: rediscore.NewLocker(cfg)}
+	return &Locker{core: rediscore.NewLocker(cfg), tr: tr}
 }
 
 // check is Open's start-up check (see Open) of its clients.

@@ -34,7 +34,8 @@ func TestHoldWatchCost(t *testing.T) { holdtest.CheckCost(t, urlOf) }
 func TestWatchChanges(t *testing.T) { holdtest.Changes(t, urlOf) }
 
 // The holder's own refreshes, one by one and batched, send the server one
-// EVALSHA each and the hold watch no GET, and leave the key watched.
+// EVALSHA each and the hold watch no GET, and leave the key watched, on a
+// single server and on a Cluster.
 func TestHoldWatchOwnRefreshReads(t *testing.T) {
 	s := redistest.Start(t)
 	holdtest.OwnRefreshReads(t, urlOf(s.Addr), []string{s.Addr}, holdtest.Single(s.Do))
