@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -89,9 +90,12 @@ func eval(ctx context.Context, cl redis.Scripter, s *rediscore.Script, keys []st
 // done and the script did not run, or may have run, for a reason of that
 // connection (it broke or is being replaced, the server answered MOVED,
 // ASK, TRYAGAIN or CLUSTERDOWN on a Cluster whose slots moved). A refresh
-// may run twice: it is idempotent.
+// may run twice: it is idempotent. A timeout is not retried: the server
+// may be frozen, and a retry would double the time a call on
+// context.Background() takes to fail (the client's read timeout).
 func retryElsewhere(ctx context.Context, err error) bool {
-	if ctx.Err() != nil {
+	var nerr net.Error
+	if ctx.Err() != nil || errors.As(err, &nerr) && nerr.Timeout() {
 		return false
 	}
 	var rerr redis.Error

@@ -2,6 +2,7 @@ package drivertest
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -12,13 +13,25 @@ import (
 // CallsBounded checks that l's calls without a deadline or a cancellation
 // (context.Background) on a frozen server s each end with an error within
 // bound: the client's own timeout, which the driver reports as
-// rediscore.TimedConn. It takes a lock first, then freezes s until the test
-// ends.
+// rediscore.TimedConn. It takes a lock first, watches it when l is a
+// driver.HoldWatcher (as package locker does), then freezes s until the
+// test ends.
 func CallsBounded(t *testing.T, l driver.Locker, s *redistest.Server, bound time.Duration) {
 	ctx := context.Background()
 	const owner = "owner-bounded"
-	if _, err := l.Acquire(ctx, "k", owner, time.Minute); err != nil {
+	tok, err := l.Acquire(ctx, "k", owner, time.Minute)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if w, ok := l.(driver.HoldWatcher); ok {
+		// Watched, so that the refresh takes the path of a held Lock (on
+		// the Redis drivers, the hold watch's tracking connection).
+		stop, err := w.WatchHold("k", owner, tok, func(error) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		WaitWatched(t, s.Do, "k")
 	}
 	s.Stop()
 	t.Cleanup(s.Cont)
@@ -54,4 +67,42 @@ func CallsBounded(t *testing.T, l driver.Locker, s *redistest.Server, bound time
 			t.Fatalf("a call on a frozen server did not return within %v", bound)
 		}
 	}
+}
+
+// WaitWatched waits until the server tracks key for some client (CLIENT
+// TRACKINGINFO does not name keys, so it probes: the key is tracked once
+// a tracking client has read it). It reads the server's
+// tracking_total_keys from INFO until it is positive.
+func WaitWatched(t testing.TB, do func(args ...string) (any, error), key string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		v, err := do("INFO", "stats")
+		if err == nil {
+			if s, _ := v.(string); InfoInt(s, "tracking_total_keys:") > 0 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server tracks no key 5s after the grant of %s", key)
+		}
+		time.Sleep(2 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
+// InfoInt returns the integer after name (e.g. "tracking_total_keys:") in
+// an INFO reply, or 0.
+func InfoInt(info, name string) int {
+	for i := 0; i+len(name) <= len(info); i++ {
+		if info[i:i+len(name)] == name {
+			j := i + len(name)
+			k := j
+			for k < len(info) && info[k] >= '0' && info[k] <= '9' {
+				k++
+			}
+			n, _ := strconv.Atoi(info[j:k])
+			return n
+		}
+	}
+	return 0
 }

@@ -244,25 +244,10 @@ func lostWithin(t *testing.T, lk *locker.Lock, at time.Time, what string) {
 	}
 }
 
-// WaitWatched waits until the server tracks key for some client (CLIENT
-// TRACKINGINFO does not name keys, so it probes: the key is tracked once
-// a tracking client has read it). It reads the server's
-// tracking_total_keys from INFO until it is positive.
+// WaitWatched is drivertest.WaitWatched.
 func WaitWatched(t *testing.T, do Do, key string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		v, err := do("INFO", "stats")
-		if err == nil {
-			if s, _ := v.(string); infoInt(s, "tracking_total_keys:") > 0 {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the server tracks no key 5s after the grant of %s", key)
-		}
-		time.Sleep(2 * time.Millisecond) // polling a condition with a deadline
-	}
+	drivertest.WaitWatched(t, do, key)
 }
 
 // Evicted starts a server with maxmemory-policy allkeys-lru and a small
@@ -278,7 +263,7 @@ func Evicted(t *testing.T, of func(addrs ...string) string) {
 	}
 	used := 0
 	if str, _ := v.(string); str != "" {
-		used = infoInt(str, "used_memory:")
+		used = drivertest.InfoInt(str, "used_memory:")
 	}
 	if _, err := s.Do("CONFIG", "SET", "maxmemory", strconv.Itoa(used+2<<20)); err != nil {
 		t.Fatal(err)
@@ -307,21 +292,6 @@ func Evicted(t *testing.T, of func(addrs ...string) string) {
 		}
 	}
 	lostWithin(t, lk, at, "the eviction was observed")
-}
-
-func infoInt(info, name string) int {
-	for i := 0; i+len(name) <= len(info); i++ {
-		if info[i:i+len(name)] == name {
-			j := i + len(name)
-			k := j
-			for k < len(info) && info[k] >= '0' && info[k] <= '9' {
-				k++
-			}
-			n, _ := strconv.Atoi(info[j:k])
-			return n
-		}
-	}
-	return 0
 }
 
 // Cost acquires and releases n locks through the Locker open returns
