@@ -7,7 +7,6 @@ import (
 
 	"github.com/go-locker/locker"
 	"github.com/go-locker/locker/driver"
-
 	"github.com/go-locker/locker/internal/redistest"
 	"github.com/go-locker/locker/internal/redistest/drivertest"
 	"github.com/go-locker/locker/internal/redistest/holdtest"
@@ -40,16 +39,8 @@ func TestWatchChanges(t *testing.T) { holdtest.Changes(t, urlOf) }
 
 // The holder's own refreshes, one by one and batched, send the server one
 // EVALSHA each and the hold watch no GET, and leave the key watched, on a
-// single server and on a Cluster.
-func TestHoldWatchOwnRefreshReads(t *testing.T) {
-	s := redistest.Start(t)
-	holdtest.OwnRefreshReads(t, urlOf(s.Addr), []string{s.Addr}, holdtest.Single(s.Do))
-	t.Run("cluster", func(t *testing.T) {
-		c := redistest.StartCluster(t, 3)
-		u := drivertest.With(urlOf(c.Addrs()...), "cluster=true")
-		holdtest.OwnRefreshReads(t, u, redistest.Addrs(c.Masters), holdtest.Cluster(c.Masters))
-	})
-}
+// single server, a Sentinel master and a Cluster.
+func TestHoldWatchOwnRefreshReads(t *testing.T) { holdtest.OwnRefreshReads(t, urlOf) }
 
 // A refresh whose own read expires the key has the hold watch report it.
 func TestHoldWatchExpiredByOwnRefresh(t *testing.T) { holdtest.ExpiredByOwnRefresh(t, urlOf) }
@@ -70,7 +61,7 @@ func TestTrackedRefreshFallsBack(t *testing.T) {
 	if _, err := l.TryAcquire(ctx, "k2", locker.WithTTL(30*time.Second), locker.WithOwner("o")); err != nil {
 		t.Fatal(err)
 	}
-	holdtest.WaitWatched(t, s.Do, "k")
+	drivertest.WaitWatched(t, s.Do, "k")
 	tr := l.Driver().(*Locker).tr
 	trk := tr.refreshClient(ctx, "locker:{k}")
 	if trk == nil {

@@ -46,7 +46,7 @@ func Run(t *testing.T, open func(t *testing.T) *locker.Locker, at func(key strin
 	t.Run("deleted", func(t *testing.T) {
 		lk := acquire(t, "hold-deleted", 10*time.Second)
 		do := at(lockKey("hold-deleted"))
-		WaitWatched(t, do, lockKey("hold-deleted"))
+		drivertest.WaitWatched(t, do, lockKey("hold-deleted"))
 		changed(t, lk, func() {
 			if _, err := do("DEL", lockKey("hold-deleted")); err != nil {
 				t.Fatal(err)
@@ -56,7 +56,7 @@ func Run(t *testing.T, open func(t *testing.T) *locker.Locker, at func(key strin
 	t.Run("overwritten", func(t *testing.T) {
 		lk := acquire(t, "hold-overwritten", 10*time.Second)
 		do := at(lockKey("hold-overwritten"))
-		WaitWatched(t, do, lockKey("hold-overwritten"))
+		drivertest.WaitWatched(t, do, lockKey("hold-overwritten"))
 		changed(t, lk, func() {
 			v := strconv.FormatUint(lk.Token()+1, 10) + ":someone-else"
 			if _, err := do("SET", lockKey("hold-overwritten"), v, "PX", "10000"); err != nil {
@@ -80,7 +80,7 @@ func Run(t *testing.T, open func(t *testing.T) *locker.Locker, at func(key strin
 		case <-time.After(time.Second):
 		}
 		// Still watched after all those invalidations.
-		WaitWatched(t, do, lockKey("hold-refreshed"))
+		drivertest.WaitWatched(t, do, lockKey("hold-refreshed"))
 		changed(t, lk, func() {
 			if _, err := do("DEL", lockKey("hold-refreshed")); err != nil {
 				t.Fatal(err)
@@ -93,7 +93,7 @@ func Run(t *testing.T, open func(t *testing.T) *locker.Locker, at func(key strin
 		// deletion is caught as before.
 		lk := acquire(t, "hold-reconnect", 10*time.Second)
 		do := at(lockKey("hold-reconnect"))
-		WaitWatched(t, do, lockKey("hold-reconnect"))
+		drivertest.WaitWatched(t, do, lockKey("hold-reconnect"))
 		killClients(t, do)
 		select {
 		case <-lk.Lost():
@@ -244,12 +244,6 @@ func lostWithin(t *testing.T, lk *locker.Lock, at time.Time, what string) {
 	}
 }
 
-// WaitWatched is drivertest.WaitWatched.
-func WaitWatched(t *testing.T, do Do, key string) {
-	t.Helper()
-	drivertest.WaitWatched(t, do, key)
-}
-
 // Evicted starts a server with maxmemory-policy allkeys-lru and a small
 // maxmemory, opens a Locker on it with allow_eviction=true (open gets its
 // URL), takes a lock, and fills the server until the lock key is evicted:
@@ -276,7 +270,7 @@ func Evicted(t *testing.T, of func(addrs ...string) string) {
 	}
 	defer lk.Release(ctx)
 	key, _, _ := rediscore.Keys(rediscore.DefaultPrefix, "evicted")
-	WaitWatched(t, s.Do, key)
+	drivertest.WaitWatched(t, s.Do, key)
 	filler := string(make([]byte, 16<<10))
 	var at time.Time
 	for i := 0; ; i++ {
@@ -315,7 +309,7 @@ func Cost(t *testing.T, of func(addrs ...string) string, n int) map[string]float
 		if err != nil {
 			t.Fatal(err)
 		}
-		WaitWatched(t, s.Do, key)
+		drivertest.WaitWatched(t, s.Do, key)
 		if err := lk.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -407,7 +401,7 @@ func afterLoss(t *testing.T, holder, other *locker.Locker, key string, do Do, be
 	}
 	defer lk.Release(ctx)
 	k, _, _ := rediscore.Keys(rediscore.DefaultPrefix, key)
-	WaitWatched(t, do, k)
+	drivertest.WaitWatched(t, do, k)
 	loseIt()
 	back := time.Now()
 	type grant struct {

@@ -12,7 +12,24 @@ import (
 	"github.com/go-locker/locker/internal/redistest/drivertest"
 )
 
-// OwnRefreshReads asserts that the holder's own refreshes cost the hold
+// OwnRefreshReads runs ownRefreshReads on a single server, a Sentinel
+// master and a 3-master Cluster; of spells the driver's URL.
+func OwnRefreshReads(t *testing.T, of func(addrs ...string) string) {
+	s := redistest.Start(t)
+	ownRefreshReads(t, of(s.Addr), []string{s.Addr}, Single(s.Do))
+	t.Run("sentinel", func(t *testing.T) {
+		sn := redistest.StartSentinel(t)
+		u := drivertest.With(of(sn.Sentinel.Addr), "sentinel_master="+sn.Name)
+		ownRefreshReads(t, u, []string{sn.Master.Addr}, Single(sn.Master.Do))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.StartCluster(t, 3)
+		u := drivertest.With(of(c.Addrs()...), "cluster=true")
+		ownRefreshReads(t, u, redistest.Addrs(c.Masters), Cluster(c.Masters))
+	})
+}
+
+// ownRefreshReads asserts that the holder's own refreshes cost the hold
 // watch nothing on a Locker opened on url, counted by the servers at addrs
 // (MONITOR, script internals left out; at names the server of a key, as
 // for Run): once the watch has
@@ -22,7 +39,7 @@ import (
 // from another client afterwards closes Lost() within Bound,
 // after which the watch's one GET (the read that finds the key gone) is
 // the only one.
-func OwnRefreshReads(t *testing.T, url string, addrs []string, at func(string) Do) {
+func ownRefreshReads(t *testing.T, url string, addrs []string, at func(string) Do) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l := drivertest.Open(t, url)
@@ -32,7 +49,7 @@ func OwnRefreshReads(t *testing.T, url string, addrs []string, at func(string) D
 		t.Fatal(err)
 	}
 	const lock = "locker:{k}"
-	WaitWatched(t, at(lock), "k") // the watch's first read has run
+	drivertest.WaitWatched(t, at(lock), "k") // the watch's first read has run
 	br, ok := l.Driver().(driver.BatchRefresher)
 	if !ok {
 		t.Fatal("the driver is no driver.BatchRefresher")
@@ -128,7 +145,7 @@ func ExpiredByOwnRefresh(t *testing.T, of func(addrs ...string) string) {
 		t.Fatal(err)
 	}
 	defer stop()
-	WaitWatched(t, s.Do, "gone")
+	drivertest.WaitWatched(t, s.Do, "gone")
 	// The wait is for the server's clock to pass the TTL, not for an event:
 	// nothing happens on the server when it does.
 	time.Sleep(time.Until(expires) + 20*time.Millisecond)
