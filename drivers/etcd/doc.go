@@ -33,9 +33,9 @@
 // any non-empty bytes (keys and prefixes are opaque) other than ".", "..",
 // "l", "w", "s" and "rw", the names of the driver's own key spaces, so no
 // key under one prefix is a key under another; a trailing "/" is ignored.
-// A lock on key K is the etcd key prefix+"/l/"+K; processes waiting for K
-// queue under prefix+"/w/"+len(K)+":"+K+"/". The semaphore on K lives under
-// prefix+"/s/"+len(K)+":"+K+"/", the read-write lock on K under
+// A lock on key K is the etcd key prefix+"/l/"+K; waiting Acquires of K
+// queue under prefix+"/w/q/"+len(K)+":"+K+"/", subscribers (driver.Waiter)
+// under prefix+"/w/"+len(K)+":"+K+"/". The semaphore on K lives under
 // prefix+"/rw/"+len(K)+":"+K+"/" (see Semaphores and read-write locks).
 //
 // Query parameters (any other is an error wrapping driver.ErrInvalid, as is
@@ -107,16 +107,28 @@
 // token granted, so that a stale release cannot delete a later incarnation
 // (etcd issue 22082).
 //
-// Waiting (driver.Waiter) uses a queue, as etcd's concurrency.Mutex does:
-// each waiting Locker puts an entry under the key's wait prefix with a
-// session lease (5s, kept alive while the Locker is open); the first entry
-// watches the lock key, every other entry watches the entry before it. A
-// release wakes one process, which tries Acquire; when it leaves the queue,
-// its successor is woken to watch the lock key. The server sees a constant
-// number of requests per handoff, however many processes wait; there is no
-// polling. The queue only chooses whom to wake: the lock is granted by
-// Acquire's transaction alone, with the waiter's own live lease, so a waiter
-// whose lease expired while it waited is never told it holds the lock.
+// Waiting (driver.BlockingAcquirer, which package locker's Acquire uses) is
+// first come, first served, as with etcd's concurrency.Mutex. A waiting
+// Acquire takes a free key in one transaction only while nobody queues for
+// it; otherwise it puts an entry on a wait lease of its own (5s, renewed
+// while it waits) under the key's mutex queue, and watches the entry before
+// its own or, once first, the lock key. A release wakes one process, which
+// is granted by a transaction that deletes its entry and puts the lock key
+// on a fresh lease of the TTL asked, only if the entry still exists: a
+// waiter whose entry expired while it waited queues again and is never told
+// it holds the lock. A process that releases and asks again queues behind
+// those already waiting. A one-shot Acquire (TryAcquire) does not look at
+// the queue: it takes a free key even while others wait.
+//
+// Subscribe (driver.Waiter, for callers of the driver itself) uses a
+// separate queue of watches: each subscribed Locker puts an entry under the
+// key's wait prefix with a session lease (5s, kept alive while the Locker
+// is open); the first entry watches the lock key, every other entry watches
+// the entry before it. A release wakes one subscriber, which tries Acquire;
+// when it leaves the queue, its successor is woken to watch the lock key.
+//
+// Both queues cost the server a constant number of requests per handoff,
+// however many processes wait; there is no polling.
 //
 // Loss (driver.HoldWatcher): package locker watches every lock it holds.
 // The driver watches the lock key from the grant's revision on, and Lost()
@@ -222,11 +234,13 @@
 //     ever shortens a lock.
 //   - Inspect reports the remaining TTL in whole seconds, rounded down (1ms
 //     when under a second), as etcd does, and costs two requests.
-//   - Without a lost connection, a waiter that is not first in the queue is
-//     woken only when it becomes first; package locker's fallback timer
-//     (2s) still retries. A waiting process keeps its place in the queue
-//     while it has local waiters for the key, so processes are served in
-//     queue order but a process may take the lock several times in a row.
+//   - A waiter that stopped (paused, cut off, killed) holds the queue up
+//     until its wait lease lapses: 5s after its last renewal. A cancelled
+//     or closed wait leaves the queue at once.
+//   - Within one process, package locker queues its own waiters for a key
+//     and only the first waits in the server, so the process keeps its place
+//     while it has local waiters: processes are served in queue order, but a
+//     process may take the lock several times in a row.
 //   - Release cannot tell two grants to the same owner apart when this
 //     Locker granted both: the driver contract identifies a holder by its
 //     owner string (package locker uses a new random owner per lock).

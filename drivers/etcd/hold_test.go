@@ -140,7 +140,7 @@ func holdFault(t *testing.T, waiter bool, heldFor, bound time.Duration, inject f
 		got = waitFor(t, ctx, w, "res", holdTTL, lk)
 		// The waiter is queued once its entry exists.
 		waitUntil(t, 10*time.Second, "the waiter to queue", func() bool {
-			r, err := other.Get(ctx, hd.WaitPrefix("res"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+			r, err := other.Get(ctx, hd.MutexQueuePrefix("res"), clientv3.WithPrefix(), clientv3.WithCountOnly())
 			return err == nil && r.Count > 0
 		})
 	}

@@ -69,7 +69,7 @@ func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 	}
 	var token uint64
 	err = l.withPushback(ctx, l.acquireTurns, func(cctx context.Context) (err error) {
-		token, err = l.acquire(cctx, l.LockKey(key), owner, secs)
+		token, err = l.acquire(cctx, l.LockKey(key), owner, secs, "")
 		return err
 	})
 	if err != nil {
@@ -80,11 +80,12 @@ func (l *Locker) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 
 // acquire is Acquire on the etcd key k. It retries at most a few times when
 // the state it saw changed under it (a reused lease or the holder's lease
-// expired).
-func (l *Locker) acquire(ctx context.Context, k, owner string, secs int64) (uint64, error) {
+// expired). With queue set, k is granted only if no key lies under that
+// prefix (no waiter queues): errBlocked otherwise.
+func (l *Locker) acquire(ctx context.Context, k, owner string, secs int64, queue string) (uint64, error) {
 	var lastErr error
 	for range 3 {
-		token, retry, err := l.tryAcquire(ctx, k, owner, secs)
+		token, retry, err := l.tryAcquire(ctx, k, owner, secs, queue)
 		if !retry {
 			return token, err
 		}
@@ -95,14 +96,18 @@ func (l *Locker) acquire(ctx context.Context, k, owner string, secs int64) (uint
 
 // tryAcquire makes one Acquire transaction on k with a fresh lease. retry
 // says whether the state it saw changed under it, so that another attempt
-// may succeed.
-func (l *Locker) tryAcquire(ctx context.Context, k, owner string, secs int64) (token uint64, retry bool, err error) {
+// may succeed. queue is as for acquire.
+func (l *Locker) tryAcquire(ctx context.Context, k, owner string, secs int64, queue string) (token uint64, retry bool, err error) {
 	le, wait, err := l.freshLease(ctx, secs)
 	if err != nil {
 		return 0, false, err
 	}
+	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0)}
+	if queue != "" {
+		conds = append(conds, clientv3.Compare(clientv3.CreateRevision(queue), "=", 0).WithPrefix())
+	}
 	resp, err := l.c.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		If(conds...).
 		Then(clientv3.OpPut(k, owner, clientv3.WithLease(le.id))).
 		Else(clientv3.OpGet(k)).
 		Commit()
@@ -135,6 +140,13 @@ func (l *Locker) tryAcquire(ctx context.Context, k, owner string, secs int64) (t
 	if kaErr != nil {
 		l.revokeBG(le.id)
 		le = nil // unusable: its renewal failed
+	}
+	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 0 && queue != "" {
+		// k is free, but others queue for it.
+		if le != nil {
+			l.putSpare(*le)
+		}
+		return 0, false, errBlocked
 	}
 	token, retry, used, err := l.acquireHeld(ctx, k, owner, secs, resp.Responses[0].GetResponseRange().GetKvs(), le, kaErr)
 	if le != nil && !used {

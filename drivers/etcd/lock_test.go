@@ -101,8 +101,19 @@ func TestPrefixIsolation(t *testing.T) {
 			t.Fatalf("Acquire(%q): %v", k, err)
 		}
 	}
-	if la.WaitPrefix("a") == la.WaitPrefix("a/") || strings.HasPrefix(la.WaitPrefix("a/"), la.WaitPrefix("a")) {
-		t.Fatalf("wait prefixes overlap: %q %q", la.WaitPrefix("a"), la.WaitPrefix("a/"))
+	// No queue's prefix is a prefix of another's: subscribers' or waiting
+	// Acquires', for keys that are prefixes of each other or look like
+	// the queues' own names.
+	var qs []string
+	for _, k := range []string{"a", "a/", "q", "q/1:a", "1:a/"} {
+		qs = append(qs, la.WaitPrefix(k), la.MutexQueuePrefix(k))
+	}
+	for i, p := range qs {
+		for j, q := range qs {
+			if i != j && strings.HasPrefix(q, p) {
+				t.Fatalf("queue prefixes overlap: %q is under %q", q, p)
+			}
+		}
 	}
 }
 

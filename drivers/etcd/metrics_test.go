@@ -108,7 +108,8 @@ func countsOf(t *testing.T, what string, want map[string]float64, op func(), may
 // locks' checks under load) and one keepalive message (the first one opens
 // a keepalive stream of the Locker's); a later Acquire reuses the released
 // lease: one txn and one keepalive message, on the stream its lease maps
-// to, which that message may open. Package locker adds one watch
+// to, which that message may open; so does a waiting Acquire (AcquireWait)
+// of a free key nobody queues for. Package locker adds one watch
 // request per grant (the hold watch, on one stream) and one to cancel it at
 // Release.
 func TestRequestsPerOperation(t *testing.T) {
@@ -138,6 +139,20 @@ func TestRequestsPerOperation(t *testing.T) {
 	for i := range 3 {
 		expectCountsOnStream(t, fmt.Sprintf("Acquire %d on a spare lease", i), map[string]float64{"Txn": 1, "LeaseKeepAlive": 1}, func() {
 			if _, err := d.Acquire(ctx, "k", "o", ttl); err != nil {
+				t.Fatal(err)
+			}
+		})
+		expectCounts(t, "Release", map[string]float64{"Txn": 1}, func() {
+			if err := d.Release(ctx, "k", "o"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	// A waiting Acquire (AcquireWait) of a free key nobody queues for
+	// costs what Acquire does: the queue's check is a compare in the txn.
+	for i := range 2 {
+		expectCountsOnStream(t, fmt.Sprintf("AcquireWait %d, free, nobody queued", i), map[string]float64{"Txn": 1, "LeaseKeepAlive": 1}, func() {
+			if _, err := d.AcquireWait(ctx, "k", "o", ttl); err != nil {
 				t.Fatal(err)
 			}
 		})

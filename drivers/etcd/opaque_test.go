@@ -68,7 +68,8 @@ func TestOpaqueKeyHandoff(t *testing.T) {
 
 // No key under one prefix is a key under another: a prefix that would
 // reach into another's lock keys (prefix+"/l/"+key) or wait queues
-// (prefix+"/w/…") is refused before any I/O.
+// (prefix+"/w/…", waiting Acquires' prefix+"/w/q/…" among them) is refused
+// before any I/O.
 func TestPrefixesNeverShareKeys(t *testing.T) {
 	ctx := testCtx(t)
 	pfx := uniquePrefix(t)
@@ -80,7 +81,7 @@ func TestPrefixesNeverShareKeys(t *testing.T) {
 	if _, err := a.Acquire(ctx, "x/l/k", "a", 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for _, other := range []string{pfx + "/l/x", pfx + "/w/3:k/x", pfx + "/l", pfx + "/w/"} {
+	for _, other := range []string{pfx + "/l/x", pfx + "/w/3:k/x", pfx + "/w/q/3:k/x", pfx + "/l", pfx + "/w/"} {
 		if b, err := Open(ctx, testURL(t)+other); !errors.Is(err, driver.ErrInvalid) {
 			if err == nil {
 				_ = b.Close()

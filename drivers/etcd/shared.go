@@ -29,6 +29,11 @@ type sharedKey struct {
 	limit int
 	k     string // owner's holder key in mode
 	other string // owner's holder key in the other mode of an RW lock, or ""
+
+	// mutex says this is a mutex's waiting Acquire (mutexwait.go): k is
+	// the lock key, held by owner only if its value is owner, and base is
+	// the queue itself.
+	mutex bool
 }
 
 // modeLetter is the segment naming a mode in holder and queue keys.
@@ -71,13 +76,32 @@ func (sk *sharedKey) holder(m driver.SharedMode) string {
 	return sk.base + "h/" + modeLetter(m) + "/" + sk.owner
 }
 
-// holders is the prefix of every holder key; queue of every queue entry.
+// holders is the prefix of every holder key.
 func (sk *sharedKey) holders() string { return sk.base + "h/" }
-func (sk *sharedKey) queue() string   { return sk.base + "q/" }
+
+// queue is the prefix of every queue entry.
+func (sk *sharedKey) queue() string {
+	if sk.mutex {
+		return sk.base
+	}
+	return sk.base + "q/"
+}
+
+// entry is the queue entry of a wait on the wait lease id.
+func (sk *sharedKey) entry(id clientv3.LeaseID) string {
+	if sk.mutex {
+		return sk.queue() + fmt.Sprintf("%016x", int64(id))
+	}
+	return sk.queue() + modeLetter(sk.mode) + "/" + fmt.Sprintf("%016x", int64(id))
+}
 
 // blockingHolders is the prefix of the holders that keep this request out:
-// the writer for a read, every holder for a permit or a write.
+// the writer for a read, every holder for a permit or a write; for a
+// mutex, the lock key itself (not a prefix: see holdersRange).
 func (sk *sharedKey) blockingHolders() string {
+	if sk.mutex {
+		return sk.k
+	}
 	if sk.mode == driver.SharedRead {
 		return sk.base + "h/w/"
 	}
@@ -103,6 +127,9 @@ func (sk *sharedKey) holderGuard(seen int64) clientv3.Cmp {
 	}
 	return clientv3.Compare(clientv3.CreateRevision(sk.blockingHolders()), "=", 0).WithPrefix()
 }
+
+// holdersRange says blockingHolders is a prefix, not one key.
+func (sk *sharedKey) holdersRange() bool { return !sk.mutex }
 
 // ownerFree are the compares that owner holds no hold of this lock yet.
 func (sk *sharedKey) ownerFree() []clientv3.Cmp {

@@ -96,17 +96,8 @@ func TestSharedCrashedHolder(t *testing.T) {
 	if _, err := a.AcquireShared(ctx, key, srq(driver.SharedPermit, "parent", time.Minute, 2, false)); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestSharedCrashedHolder$")
-	cmd.Env = append(os.Environ(), sharedChildEnv+"="+testURL(t)+a.Prefix()+"|"+key, "LOCKER_TEST_ETCD_URL="+testURL(t))
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "permit\n" {
+	cmd, out := startChild(t, sharedChildEnv, testURL(t)+a.Prefix()+"|"+key)
+	if line, _ := out.ReadString('\n'); line != "permit\n" {
 		t.Fatalf("child: %q", line)
 	}
 	// Watch the child's holder key for its deletion.
@@ -288,4 +279,22 @@ func TestSharedWaitCancelledDuringRestart(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the writer was not granted after the reads ended")
 	}
+}
+
+// startChild runs the current test again in a child process, with env set
+// to spec (the test then plays the child's part), and returns it with its
+// standard output. The child is killed when the test ends.
+func startChild(t *testing.T, env, spec string) (*exec.Cmd, *bufio.Reader) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$")
+	cmd.Env = append(os.Environ(), env+"="+spec, "LOCKER_TEST_ETCD_URL="+testURL(t))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd, bufio.NewReader(out)
 }

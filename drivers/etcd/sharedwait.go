@@ -55,6 +55,10 @@ type sharedWait struct {
 	me    string // the queue entry; "" while not queued
 	myRev int64  // its create revision
 	renew time.Time
+
+	// freed says a mutex's wait, first in the queue, saw the lock key go:
+	// its next step tries the grant before reading anything.
+	freed bool
 }
 
 // waitState is what a wait read of the lock.
@@ -110,6 +114,14 @@ func (l *Locker) waitShared(ctx context.Context, sk *sharedKey, secs int64) (uin
 // waits for the next change that may let it in. done says the wait is
 // over, with token or err.
 func (w *sharedWait) step(ctx context.Context) (token uint64, done bool, err error) {
+	if w.freed {
+		w.freed = false
+		if w.me != "" && time.Now().Before(w.renew) {
+			if token, ok, err := w.grant(ctx, 0); ok || err != nil {
+				return token, ok, err
+			}
+		}
+	}
 	var st waitState
 	if w.me == "" {
 		st, err = w.enqueue(ctx)
@@ -129,9 +141,14 @@ func (w *sharedWait) step(ctx context.Context) (token uint64, done bool, err err
 		// queue and take it as an idempotent acquire.
 		w.dequeue()
 		cctx, cancel := w.l.opCtx(ctx)
-		token, err := w.l.acquireShared(cctx, sk, w.secs)
+		var token uint64
+		if sk.mutex {
+			token, err = w.l.acquire(cctx, sk.k, sk.owner, w.secs, "")
+		} else {
+			token, err = w.l.acquireShared(cctx, sk, w.secs)
+		}
 		cancel()
-		if err == errBlocked {
+		if errors.Is(err, driver.ErrNotAcquired) {
 			return 0, false, nil // it ended meanwhile: queue again
 		}
 		return token, true, err
@@ -143,7 +160,9 @@ func (w *sharedWait) step(ctx context.Context) (token uint64, done bool, err err
 	case st.pred != "":
 		return 0, false, w.block(ctx, st.pred, false, st.rev, func(n int64) bool { return n > 0 })
 	case !sk.fits(st.holders):
-		return 0, false, w.block(ctx, sk.blockingHolders(), true, st.rev, func(n int64) bool { return !sk.fits(n) })
+		err := w.block(ctx, sk.blockingHolders(), sk.holdersRange(), st.rev, func(n int64) bool { return !sk.fits(n) })
+		w.freed = err == nil && sk.mutex
+		return 0, false, err
 	}
 	token, ok, err := w.grant(ctx, st.rev)
 	return token, ok, err
@@ -197,7 +216,7 @@ func (w *sharedWait) read(ctx context.Context, enqueue *lease) (waitState, error
 	var ops []clientv3.Op
 	pred := append(clientv3.WithLastCreate(), clientv3.WithKeysOnly())
 	if enqueue != nil {
-		me = sk.queue() + modeLetter(sk.mode) + "/" + fmt.Sprintf("%016x", int64(enqueue.id))
+		me = sk.entry(enqueue.id)
 		ops = append(ops, clientv3.OpPut(me, sk.owner, clientv3.WithLease(enqueue.id)))
 		pred = append(pred, clientv3.WithLimit(2)) // the entry itself may come first
 	} else {
@@ -208,7 +227,7 @@ func (w *sharedWait) read(ctx context.Context, enqueue *lease) (waitState, error
 		clientv3.OpGet(sk.k),
 		clientv3.OpGet(me, clientv3.WithCountOnly()),
 		clientv3.OpGet(sk.blockingQueue(), pred...),
-		clientv3.OpGet(sk.blockingHolders(), clientv3.WithPrefix(), clientv3.WithCountOnly()))
+		clientv3.OpGet(sk.blockingHolders(), holdersOpts(sk)...))
 	if sk.other != "" {
 		ops = append(ops, clientv3.OpGet(sk.other, clientv3.WithCountOnly()))
 	}
@@ -228,7 +247,7 @@ func (w *sharedWait) read(ctx context.Context, enqueue *lease) (waitState, error
 		queued:  rs[1].GetResponseRange().GetCount() > 0,
 		holders: rs[3].GetResponseRange().GetCount(),
 	}
-	if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+	if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 && (!sk.mutex || string(kvs[0].Value) == sk.owner) {
 		st.held = kvs
 	}
 	for _, kv := range rs[2].GetResponseRange().GetKvs() {
@@ -243,6 +262,14 @@ func (w *sharedWait) read(ctx context.Context, enqueue *lease) (waitState, error
 	return st, nil
 }
 
+// holdersOpts are the options of the count of sk's blocking holders.
+func holdersOpts(sk *sharedKey) []clientv3.OpOption {
+	if sk.holdersRange() {
+		return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCountOnly()}
+	}
+	return []clientv3.OpOption{clientv3.WithCountOnly()}
+}
+
 // grant makes the grant transaction of a wait that found nothing in its
 // way at revision seen. ok is false when the lock changed meanwhile: the
 // wait reads it again.
@@ -254,9 +281,11 @@ func (w *sharedWait) grant(ctx context.Context, seen int64) (token uint64, ok bo
 	if err != nil {
 		return 0, false, err
 	}
-	conds := append(sk.ownerFree(),
-		clientv3.Compare(clientv3.CreateRevision(w.me), "=", w.myRev),
-		sk.holderGuard(seen))
+	conds := append(sk.ownerFree(), clientv3.Compare(clientv3.CreateRevision(w.me), "=", w.myRev))
+	if !sk.mutex {
+		// For a mutex, ownerFree (the lock key is free) is the guard.
+		conds = append(conds, sk.holderGuard(seen))
+	}
 	resp, err := l.c.Txn(cctx).If(conds...).
 		Then(clientv3.OpDelete(w.me), clientv3.OpPut(sk.k, sk.owner, clientv3.WithLease(le.id))).
 		Commit()

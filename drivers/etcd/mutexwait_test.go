@@ -1,0 +1,167 @@
+package etcd
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-locker/locker"
+)
+
+// mutexQueued counts the entries of key's mutex queue.
+func mutexQueued(t *testing.T, l *Locker, key string) int64 {
+	t.Helper()
+	r, err := l.Client().Get(testCtx(t), l.MutexQueuePrefix(key), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Count
+}
+
+func waitMutexQueued(t *testing.T, l *Locker, key string, n int64) {
+	t.Helper()
+	waitUntil(t, 10*time.Second, fmt.Sprintf("%d queued Acquires", n), func() bool { return mutexQueued(t, l, key) == n })
+}
+
+// Waiting Acquires, each in a Locker of its own as separate processes
+// would be, are granted in the order they queued, and the holder that
+// releases and asks again at once is served after them: it does not barge
+// in. Nobody holds the key beside another, and the queue is empty at the
+// end.
+func TestMutexWaitFIFO(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	const key = "fifo"
+	const n = 4
+	ds := openShared(t, n+1)
+	ls := make([]*locker.Locker, n+1)
+	for i, d := range ds {
+		ls[i] = locker.New(d)
+	}
+	first, err := ls[0].Acquire(ctx, key, locker.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := make(chan int, 2*n)
+	held := make(chan *locker.Lock)
+	acquire := func(i int) {
+		lk, err := ls[i].Acquire(ctx, key, locker.WithTTL(time.Minute))
+		if err != nil {
+			t.Error(err)
+			close(held)
+			return
+		}
+		order <- i
+		held <- lk
+	}
+	for i := 1; i <= n; i++ {
+		go acquire(i)
+		waitMutexQueued(t, ds[0], key, int64(i))
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	go acquire(0)
+	var got []int
+	for range n + 1 {
+		select {
+		case lk, ok := <-held:
+			if !ok {
+				t.FailNow()
+			}
+			got = append(got, <-order)
+			if err := lk.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("granted so far: %v; the next waiter was not granted", got)
+		}
+	}
+	if want := "[1 2 3 4 0]"; fmt.Sprint(got) != want {
+		t.Errorf("granted in the order %v, want %s", got, want)
+	}
+	if q := mutexQueued(t, ds[0], key); q != 0 {
+		t.Errorf("%d entries left in the queue", q)
+	}
+}
+
+// mutexChildEnv carries "url|key" to the child process of
+// TestMutexWaitKilledWaiter.
+const mutexChildEnv = "LOCKER_ETCD_MUTEX_CHILD"
+
+// mutexChild waits for key through package locker until it is killed.
+func mutexChild(spec string) {
+	u, key, _ := strings.Cut(spec, "|")
+	d, err := Open(context.Background(), u)
+	if err != nil {
+		fmt.Println("error:", err)
+		return
+	}
+	_, err = locker.New(d).Acquire(context.Background(), key, locker.WithTTL(time.Minute))
+	fmt.Println("returned:", err)
+}
+
+// A waiter first in the queue is killed with SIGKILL. Its entry holds the
+// queue up until its wait lease lapses (5s after its last renewal, at most
+// a third of that before the kill): the waiter behind it is granted after
+// that, within the lease checker's bound, and not before. Meanwhile a
+// one-shot TryAcquire of the free key succeeds: it does not queue.
+func TestMutexWaitKilledWaiter(t *testing.T) {
+	if spec := os.Getenv(mutexChildEnv); spec != "" {
+		mutexChild(spec)
+		return
+	}
+	t.Parallel()
+	ctx := testCtx(t)
+	const key = "killed-waiter"
+	ds := openShared(t, 3)
+	a, b, c := locker.New(ds[0]), locker.New(ds[1]), locker.New(ds[2])
+	lk, err := a.Acquire(ctx, key, locker.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, _ := startChild(t, mutexChildEnv, testURL(t)+ds[0].Prefix()+"|"+key)
+	waitMutexQueued(t, ds[0], key, 1)
+	granted := make(chan time.Time, 1)
+	go func() {
+		lk, err := b.Acquire(ctx, key, locker.WithTTL(time.Minute))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		granted <- time.Now()
+		_ = lk.Release(ctx)
+	}()
+	waitMutexQueued(t, ds[0], key, 2)
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	one, err := c.TryAcquire(ctx, key, locker.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatalf("TryAcquire of the free key while a dead waiter's entry queues: %v", err)
+	}
+	if err := one.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	secs := time.Duration(ds[0].waitSecs()) * time.Second
+	select {
+	case at := <-granted:
+		after := at.Sub(killed)
+		t.Logf("the waiter behind the killed one was granted %v after the kill (wait lease %v)", after, secs)
+		if after < secs*2/3-100*time.Millisecond {
+			t.Errorf("granted %v after the kill, before the dead waiter's entry can have lapsed (%v after its last renewal)", after, secs)
+		}
+	case <-time.After(secs + expiryBound + 2*time.Second):
+		t.Fatal("the waiter behind the killed one was not granted")
+	}
+	waitMutexQueued(t, ds[0], key, 0)
+}
