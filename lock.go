@@ -542,8 +542,8 @@ func (lk *Lock) ioSlot() chan struct{} {
 }
 
 // refresh sends one Refresh with ttl and moves the safe deadline. auto marks
-// a background renewal, which gets its own timeout and, on a driver that
-// is a driver.BatchRefresher, goes to the server in a batch (renew.go).
+// a background renewal (renewOnce, which bounds ctx), which on a driver
+// that is a driver.BatchRefresher goes to the server in a batch (renew.go).
 func (lk *Lock) refresh(ctx context.Context, ttl time.Duration, auto bool) error {
 	io := lk.ioSlot()
 	select {
@@ -567,20 +567,9 @@ func (lk *Lock) refresh(ctx context.Context, ttl time.Duration, auto bool) error
 	if ttl == 0 {
 		ttl = lk.ttl
 	}
-	deadline := lk.deadline
 	lk.mu.Unlock()
 
-	start := time.Now()
-	if auto {
-		var cancel context.CancelFunc
-		d := start.Add(ttl / 3)
-		if deadline.Before(d) {
-			d = deadline
-		}
-		ctx, cancel = context.WithDeadline(ctx, d)
-		defer cancel()
-	}
-	start, err := lk.send(ctx, ttl, auto, start)
+	start, err := lk.send(ctx, ttl, auto, time.Now())
 	t := lk.l.tel
 	if errors.Is(err, ErrNotHeld) {
 		who := "a renewal"
@@ -671,14 +660,21 @@ func (lk *Lock) renewAfter(d time.Duration) {
 // next: TTL/3 after a success; after a transient error, a retry every
 // TTL/20 (at least 5ms) until the safe deadline passes, at which point
 // onDeadline declares the lock lost. A renewal of a lock that has ended,
-// or while another is in flight, is not made.
+// or while another is in flight, is not made. A renewal gets TTL/3, and no
+// more than until the safe deadline; Release and Close cut it short
+// (renewCancel). One context serves both, as a renewal is made thousands
+// of times a second with many locks held.
 func (lk *Lock) renewOnce() {
 	lk.mu.Lock()
 	if lk.state != stateHeld || lk.renewing {
 		lk.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	d := time.Now().Add(lk.ttl / 3)
+	if lk.deadline.Before(d) {
+		d = lk.deadline
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), d)
 	lk.renewing, lk.renewCancel = true, cancel
 	lk.renewals.Add(1)
 	lk.mu.Unlock()

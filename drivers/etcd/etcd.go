@@ -302,8 +302,13 @@ func (l *Locker) Close() error {
 }
 
 // opCtx bounds a request by requestTimeout, or by ctx's deadline if that
-// comes first.
+// comes first. A ctx whose deadline comes first is returned as it is, with
+// a cancel that does nothing: a renewal's context has such a deadline, and
+// a wrapper would cost each renewal a context and a timer.
 func (l *Locker) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= l.requestTimeout {
+		return ctx, func() {}
+	}
 	return context.WithTimeout(ctx, l.requestTimeout)
 }
 
