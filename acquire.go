@@ -39,9 +39,10 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // Across processes it depends on the backend: Redis on a single server, a
 // Cluster or Sentinel queues waiting processes on the server and grants
 // them in arrival order (drivers/redis, Fairness; fair=false turns that
-// off); elsewhere a caller that arrives just as the key is released may
-// take it before a process that has been waiting (as with sync.Mutex), even
-// on etcd, whose queue decides only which waiting process is woken.
+// off), and so does etcd, where a TryAcquire may still take a key that is
+// free while others wait; elsewhere a caller that arrives just as the key
+// is released may take it before a process that has been waiting (as with
+// sync.Mutex).
 //
 // The first attempt fails fast: an unreachable backend (ErrUnavailable) is
 // an error at once. Once waiting, a transient error (ErrUnavailable, a

@@ -238,9 +238,8 @@
 //     until its wait lease lapses: 5s after its last renewal. A cancelled
 //     or closed wait leaves the queue at once.
 //   - Within one process, package locker queues its own waiters for a key
-//     and only the first waits in the server, so the process keeps its place
-//     while it has local waiters: processes are served in queue order, but a
-//     process may take the lock several times in a row.
+//     and only the first waits in the server; the next joins the server's
+//     queue once the first is granted, behind the processes waiting then.
 //   - Release cannot tell two grants to the same owner apart when this
 //     Locker granted both: the driver contract identifies a holder by its
 //     owner string (package locker uses a new random owner per lock).
