@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -173,4 +174,65 @@ func TestMutexWaitKilledWaiter(t *testing.T) {
 		t.Fatal("the waiter behind the killed one was not granted")
 	}
 	waitMutexQueued(t, ds[0], key, 0)
+}
+
+// A Locker closed while its Acquire is queued leaves the queue before
+// Close returns: its entry is gone at once (not when its wait lease
+// lapses), the call returns ErrClosed, and the waiter behind it is granted
+// at the release. Five rounds.
+func TestMutexWaitClosedWaiter(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	const key = "closed-waiter"
+	for round := range 5 {
+		ds := openShared(t, 3)
+		a, b, c := locker.New(ds[0]), locker.New(ds[1]), locker.New(ds[2])
+		lk, err := a.Acquire(ctx, key, locker.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bErr := make(chan error, 1)
+		go func() {
+			_, err := b.Acquire(ctx, key, locker.WithTTL(time.Minute))
+			bErr <- err
+		}()
+		waitMutexQueued(t, ds[0], key, 1)
+		cGranted := make(chan *locker.Lock, 1)
+		cErr := make(chan error, 1)
+		go func() {
+			lk, err := c.Acquire(ctx, key, locker.WithTTL(time.Minute))
+			if err != nil {
+				cErr <- err
+				return
+			}
+			cGranted <- lk
+		}()
+		waitMutexQueued(t, ds[0], key, 2)
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if q := mutexQueued(t, ds[0], key); q != 1 {
+			t.Fatalf("round %d: %d entries queued right after Close, want 1 (the closed Locker's entry left behind)", round, q)
+		}
+		if err := <-bErr; !errors.Is(err, locker.ErrClosed) {
+			t.Fatalf("round %d: the closed Locker's Acquire returned %v, want ErrClosed", round, err)
+		}
+		released := time.Now()
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case lk := <-cGranted:
+			if d := time.Since(released); d > time.Second {
+				t.Errorf("round %d: the waiter behind the closed one was granted %v after the release, want within 1s", round, d)
+			}
+			_ = lk.Release(ctx)
+		case err := <-cErr:
+			t.Fatalf("round %d: the waiter behind the closed one: %v", round, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: the waiter behind the closed one was not granted", round)
+		}
+		_ = a.Close()
+		_ = c.Close()
+	}
 }
