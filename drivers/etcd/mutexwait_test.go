@@ -1,11 +1,14 @@
 package etcd
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -116,6 +119,25 @@ func mutexChild(spec string) {
 	fmt.Println("returned:", err)
 }
 
+// childFirstInQueue opens n Lockers on one prefix, takes key with the
+// first, and starts a child process (mutexChild) whose Acquire of key waits,
+// first in the queue. It returns once the child's entry is queued.
+func childFirstInQueue(t *testing.T, key string, n int) ([]*Locker, []*locker.Locker, *locker.Lock, *exec.Cmd, *bufio.Reader) {
+	t.Helper()
+	ds := openShared(t, n)
+	ls := make([]*locker.Locker, n)
+	for i, d := range ds {
+		ls[i] = locker.New(d)
+	}
+	lk, err := ls[0].Acquire(testCtx(t), key, locker.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, out := startChild(t, mutexChildEnv, testURL(t)+ds[0].Prefix()+"|"+key)
+	waitMutexQueued(t, ds[0], key, 1)
+	return ds, ls, lk, cmd, out
+}
+
 // A waiter first in the queue is killed with SIGKILL. Its entry holds the
 // queue up until its wait lease lapses (5s after its last renewal, at most
 // a third of that before the kill): the waiter behind it is granted after
@@ -129,14 +151,8 @@ func TestMutexWaitKilledWaiter(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	const key = "killed-waiter"
-	ds := openShared(t, 3)
-	a, b, c := locker.New(ds[0]), locker.New(ds[1]), locker.New(ds[2])
-	lk, err := a.Acquire(ctx, key, locker.WithTTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd, _ := startChild(t, mutexChildEnv, testURL(t)+ds[0].Prefix()+"|"+key)
-	waitMutexQueued(t, ds[0], key, 1)
+	ds, ls, lk, cmd, _ := childFirstInQueue(t, key, 3)
+	b, c := ls[1], ls[2]
 	granted := make(chan time.Time, 1)
 	go func() {
 		lk, err := b.Acquire(ctx, key, locker.WithTTL(time.Minute))
@@ -234,5 +250,77 @@ func TestMutexWaitClosedWaiter(t *testing.T) {
 		}
 		_ = a.Close()
 		_ = c.Close()
+	}
+}
+
+// A waiter first in the queue is paused (SIGSTOP). Its entry lapses with
+// its wait lease and the waiter behind it is granted, as for a killed one.
+// Resumed (SIGCONT) while that grant is held, the paused waiter finds its
+// entry gone and queues again: it is granted only after the release, never
+// beside the holder.
+func TestMutexWaitPausedWaiter(t *testing.T) {
+	if spec := os.Getenv(mutexChildEnv); spec != "" {
+		mutexChild(spec)
+		return
+	}
+	t.Parallel()
+	ctx := testCtx(t)
+	const key = "paused-waiter"
+	ds, ls, lk, cmd, out := childFirstInQueue(t, key, 2)
+	b := ls[1]
+	lines := make(chan string, 1)
+	go func() {
+		line, _ := out.ReadString('\n')
+		lines <- line
+	}()
+	granted := make(chan *locker.Lock, 1)
+	go func() {
+		lk, err := b.Acquire(ctx, key, locker.WithTTL(time.Minute))
+		if err != nil {
+			t.Error(err)
+		}
+		granted <- lk
+	}()
+	waitMutexQueued(t, ds[0], key, 2)
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	secs := time.Duration(ds[0].waitSecs()) * time.Second
+	var held *locker.Lock
+	select {
+	case held = <-granted:
+		if held == nil {
+			t.FailNow()
+		}
+		t.Logf("the waiter behind the paused one was granted %v after the pause", time.Since(stopped))
+	case <-time.After(secs + expiryBound + 2*time.Second):
+		t.Fatal("the waiter behind the paused one was not granted")
+	}
+	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// The resumed waiter queues again behind the holder.
+	waitMutexQueued(t, ds[0], key, 1)
+	select {
+	case line := <-lines:
+		t.Fatalf("the resumed waiter returned while the other holds the key: %q", line)
+	case <-time.After(500 * time.Millisecond):
+	}
+	released := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case line := <-lines:
+		if line != "returned: <nil>\n" {
+			t.Fatalf("the resumed waiter: %q", line)
+		}
+		t.Logf("the resumed waiter was granted %v after the release", time.Since(released))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the resumed waiter was not granted after the release")
 	}
 }
