@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/go-locker/locker"
+	"github.com/go-locker/locker/conformance/faultproxy"
 )
 
 // mutexQueued counts the entries of key's mutex queue.
@@ -322,5 +323,77 @@ func TestMutexWaitPausedWaiter(t *testing.T) {
 		t.Logf("the resumed waiter was granted %v after the release", time.Since(released))
 	case <-time.After(5 * time.Second):
 		t.Fatal("the resumed waiter was not granted after the release")
+	}
+}
+
+// A queued waiter's connections are reset, on both sides or on the
+// client's alone (its server-side connection left open and silent). The
+// client connects again, its wait lease is still renewed, and it keeps its
+// place: at the release it is granted before the waiter that queued after
+// it, within 1s.
+func TestMutexWaitResetWaiter(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		fault func(p *faultproxy.Proxy) int
+	}{
+		{"both-sides", (*faultproxy.Proxy).Reset},
+		{"client-side", func(p *faultproxy.Proxy) int { return p.ResetSide(faultproxy.Client) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			const key = "reset-waiter"
+			p, err := faultproxy.New(strings.TrimPrefix(testURL(t), "etcd://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = p.Close() })
+			h := openShared(t, 2)
+			b := locker.New(openURL(t, "etcd://"+p.Addr()+h[0].Prefix()))
+			a, c2 := locker.New(h[0]), locker.New(h[1])
+			lk, err := a.Acquire(ctx, key, locker.WithTTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			order := make(chan string, 2)
+			wait := func(name string, l *locker.Locker) {
+				lk, err := l.Acquire(ctx, key, locker.WithTTL(time.Minute))
+				if err != nil {
+					order <- "error: " + err.Error()
+					return
+				}
+				order <- name
+				_ = lk.Release(ctx)
+			}
+			go wait("proxied", b)
+			waitMutexQueued(t, h[0], key, 1)
+			go wait("direct", c2)
+			waitMutexQueued(t, h[0], key, 2)
+			if n := c.fault(p); n == 0 {
+				t.Fatal("no connection to reset")
+			}
+			if err := lk.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			released := time.Now()
+			var got []string
+			for range 2 {
+				select {
+				case o := <-order:
+					got = append(got, o)
+				case <-time.After(10 * time.Second):
+					t.Fatalf("granted so far: %v", got)
+				}
+				if len(got) == 1 {
+					t.Logf("first grant %v after the release", time.Since(released))
+					if d := time.Since(released); d > time.Second {
+						t.Errorf("first grant %v after the release, want within 1s", d)
+					}
+				}
+			}
+			if fmt.Sprint(got) != "[proxied direct]" {
+				t.Errorf("granted in the order %v, want the reset waiter first", got)
+			}
+		})
 	}
 }
