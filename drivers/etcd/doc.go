@@ -36,6 +36,7 @@
 // A lock on key K is the etcd key prefix+"/l/"+K; waiting Acquires of K
 // queue under prefix+"/w/q/"+len(K)+":"+K+"/", subscribers (driver.Waiter)
 // under prefix+"/w/"+len(K)+":"+K+"/". The semaphore on K lives under
+// prefix+"/s/"+len(K)+":"+K+"/", the read-write lock on K under
 // prefix+"/rw/"+len(K)+":"+K+"/" (see Semaphores and read-write locks).
 //
 // Query parameters (any other is an error wrapping driver.ErrInvalid, as is

@@ -121,9 +121,10 @@ func mutexChild(spec string) {
 }
 
 // childFirstInQueue opens n Lockers on one prefix, takes key with the
-// first, and starts a child process (mutexChild) whose Acquire of key waits,
+// first, and starts a child process (mutexChild), connected to childURL
+// (the test server, or a proxy in front of it), whose Acquire of key waits,
 // first in the queue. It returns once the child's entry is queued.
-func childFirstInQueue(t *testing.T, key string, n int) ([]*Locker, []*locker.Locker, *locker.Lock, *exec.Cmd, *bufio.Reader) {
+func childFirstInQueue(t *testing.T, key string, n int, childURL string) ([]*Locker, []*locker.Locker, *locker.Lock, *exec.Cmd, *bufio.Reader) {
 	t.Helper()
 	ds := openShared(t, n)
 	ls := make([]*locker.Locker, n)
@@ -134,7 +135,7 @@ func childFirstInQueue(t *testing.T, key string, n int) ([]*Locker, []*locker.Lo
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd, out := startChild(t, mutexChildEnv, testURL(t)+ds[0].Prefix()+"|"+key)
+	cmd, out := startChild(t, mutexChildEnv, childURL+ds[0].Prefix()+"|"+key)
 	waitMutexQueued(t, ds[0], key, 1)
 	return ds, ls, lk, cmd, out
 }
@@ -152,7 +153,7 @@ func TestMutexWaitKilledWaiter(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	const key = "killed-waiter"
-	ds, ls, lk, cmd, _ := childFirstInQueue(t, key, 3)
+	ds, ls, lk, cmd, _ := childFirstInQueue(t, key, 3, testURL(t))
 	b, c := ls[1], ls[2]
 	granted := make(chan time.Time, 1)
 	go func() {
@@ -254,21 +255,46 @@ func TestMutexWaitClosedWaiter(t *testing.T) {
 	}
 }
 
-// A waiter first in the queue is paused (SIGSTOP). Its entry lapses with
-// its wait lease and the waiter behind it is granted, as for a killed one.
-// Resumed (SIGCONT) while that grant is held, the paused waiter finds its
-// entry gone and queues again: it is granted only after the release, never
-// beside the holder.
-func TestMutexWaitPausedWaiter(t *testing.T) {
+// A waiter first in the queue stops: paused (SIGSTOP), or cut off from
+// the cluster (a fault proxy in front of it drops every byte). Its entry
+// lapses with its wait lease and the waiter behind it is granted, as for a
+// killed one. Resumed (SIGCONT, or the partition healed) while that grant
+// is held, the stopped waiter finds its entry gone and queues again: it is
+// granted only after the release, never beside the holder.
+func TestMutexWaitStoppedWaiter(t *testing.T) {
 	if spec := os.Getenv(mutexChildEnv); spec != "" {
 		mutexChild(spec)
 		return
 	}
-	t.Parallel()
+	for _, c := range []struct {
+		name       string
+		stop, cont func(cmd *exec.Cmd, p *faultproxy.Proxy) error
+	}{
+		{"sigstop",
+			func(cmd *exec.Cmd, _ *faultproxy.Proxy) error { return cmd.Process.Signal(syscall.SIGSTOP) },
+			func(cmd *exec.Cmd, _ *faultproxy.Proxy) error { return cmd.Process.Signal(syscall.SIGCONT) }},
+		{"cut",
+			func(_ *exec.Cmd, p *faultproxy.Proxy) error { p.Blackhole(); return nil },
+			func(_ *exec.Cmd, p *faultproxy.Proxy) error { p.Heal(); return nil }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			p, err := faultproxy.New(strings.TrimPrefix(testURL(t), "etcd://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = p.Close() })
+			stoppedWaiter(t, "etcd://"+p.Addr(), func(cmd *exec.Cmd) error { return c.stop(cmd, p) }, func(cmd *exec.Cmd) error { return c.cont(cmd, p) })
+		})
+	}
+}
+
+// stoppedWaiter is TestMutexWaitStoppedWaiter with the child on childURL,
+// stopped and resumed by stop and cont.
+func stoppedWaiter(t *testing.T, childURL string, stop, cont func(*exec.Cmd) error) {
 	ctx := testCtx(t)
-	const key = "paused-waiter"
-	ds, ls, lk, cmd, out := childFirstInQueue(t, key, 2)
-	b := ls[1]
+	const key = "stopped-waiter"
+	ds, ls, lk, cmd, out := childFirstInQueue(t, key, 2, childURL)
 	lines := make(chan string, 1)
 	go func() {
 		line, _ := out.ReadString('\n')
@@ -276,14 +302,14 @@ func TestMutexWaitPausedWaiter(t *testing.T) {
 	}()
 	granted := make(chan *locker.Lock, 1)
 	go func() {
-		lk, err := b.Acquire(ctx, key, locker.WithTTL(time.Minute))
+		lk, err := ls[1].Acquire(ctx, key, locker.WithTTL(time.Minute))
 		if err != nil {
 			t.Error(err)
 		}
 		granted <- lk
 	}()
 	waitMutexQueued(t, ds[0], key, 2)
-	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := stop(cmd); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
@@ -297,11 +323,11 @@ func TestMutexWaitPausedWaiter(t *testing.T) {
 		if held == nil {
 			t.FailNow()
 		}
-		t.Logf("the waiter behind the paused one was granted %v after the pause", time.Since(stopped))
+		t.Logf("the waiter behind the stopped one was granted %v after the stop", time.Since(stopped))
 	case <-time.After(secs + expiryBound + 2*time.Second):
-		t.Fatal("the waiter behind the paused one was not granted")
+		t.Fatal("the waiter behind the stopped one was not granted")
 	}
-	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := cont(cmd); err != nil {
 		t.Fatal(err)
 	}
 	// The resumed waiter queues again behind the holder.
