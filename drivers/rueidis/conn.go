@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
+	"syscall"
 
 	"github.com/redis/rueidis"
 
@@ -89,7 +91,8 @@ func (c *conn) Run(ctx context.Context, s *rediscore.Script, keys []string, args
 		if arm {
 			done(resp.NonRedisError() == nil)
 		}
-		if try == borrowedTries || !borrowedCtxErr(ctx, resp.NonRedisError()) {
+		err := resp.NonRedisError()
+		if try == borrowedTries || !(borrowedCtxErr(ctx, err) || try == 1 && deadConn(ctx, err)) {
 			break
 		}
 	}
@@ -113,6 +116,20 @@ const borrowedTries = 3
 // connection that failed under a command already sent.)
 func borrowedCtxErr(ctx context.Context, err error) bool {
 	return err != nil && ctx.Err() == nil && errors.Is(err, context.Canceled)
+}
+
+// deadConn reports whether err says the call's connection was dead (EOF,
+// reset, broken pipe) while ctx is not done. rueidis hands that error to
+// the first command sent on a connection the server closed, as after a
+// restart, and then replaces the connection: the command never reached a
+// live server, so it is tried once more, on a new connection. (Where the
+// server ran it and then closed the connection, the second run answers as
+// a second run does: an acquire or a refresh by the same owner succeeds
+// again, a release reports the lock not held. go-redis retries on the same
+// errors.)
+func deadConn(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() == nil &&
+		(errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE))
 }
 
 // keyOf returns the lock key an acquire attempt reads, or "".

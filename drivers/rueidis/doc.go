@@ -131,10 +131,12 @@
 //     Redis 5 or later.
 //   - Each watched key stays in the server's tracking table until it next
 //     changes, and in the client-side cache for at most 10 minutes.
-//   - Scripts are not retried by rueidis (a retried release could report
-//     ErrNotHeld for a lock it did free); package locker retries what is
-//     safe. After a server restart the first call on the script client's
-//     connection may fail once (EOF) before rueidis redials.
+//   - rueidis does not retry scripts. After a server restart it hands the
+//     error of the dead connection (EOF, a reset) to the first command sent
+//     on it, and then redials: the driver runs that call once more, on the
+//     new connection, as the command never reached a live server. Where a
+//     server ran a release and then closed the connection, the second run
+//     reports ErrNotHeld for a lock the first did free.
 //   - An expiry wakes client-side-caching waiters only when the server
 //     deletes the key (active expiry samples keys about ten times a
 //     second); package locker's wake-up at the holder's PTTL bounds that.
