@@ -54,17 +54,17 @@ func TestMutexWaitFIFO(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	order := make(chan int, 2*n)
-	held := make(chan *locker.Lock)
+	// Each grant is held until the test releases it, so grants arrive on
+	// the channel in the order they were made.
+	type grant struct {
+		i   int
+		lk  *locker.Lock
+		err error
+	}
+	grants := make(chan grant, n+2)
 	acquire := func(i int) {
 		lk, err := ls[i].Acquire(ctx, key, locker.WithTTL(time.Minute))
-		if err != nil {
-			t.Error(err)
-			close(held)
-			return
-		}
-		order <- i
-		held <- lk
+		grants <- grant{i, lk, err}
 	}
 	for i := 1; i <= n; i++ {
 		go acquire(i)
@@ -82,12 +82,12 @@ func TestMutexWaitFIFO(t *testing.T) {
 	var got []int
 	for range n + 2 {
 		select {
-		case lk, ok := <-held:
-			if !ok {
-				t.FailNow()
+		case g := <-grants:
+			if g.err != nil {
+				t.Fatalf("Locker %d: %v", g.i, g.err)
 			}
-			got = append(got, <-order)
-			if err := lk.Release(ctx); err != nil {
+			got = append(got, g.i)
+			if err := g.lk.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
 		case <-time.After(10 * time.Second):
@@ -156,10 +156,11 @@ func TestMutexWaitKilledWaiter(t *testing.T) {
 	ds, ls, lk, cmd, _ := childFirstInQueue(t, key, 3, testURL(t))
 	b, c := ls[1], ls[2]
 	granted := make(chan time.Time, 1)
+	failed := make(chan error, 1)
 	go func() {
 		lk, err := b.Acquire(ctx, key, locker.WithTTL(time.Minute))
 		if err != nil {
-			t.Error(err)
+			failed <- err
 			return
 		}
 		granted <- time.Now()
@@ -188,6 +189,8 @@ func TestMutexWaitKilledWaiter(t *testing.T) {
 		if after < secs*2/3-100*time.Millisecond {
 			t.Errorf("granted %v after the kill, before the dead waiter's entry can have lapsed (%v after its last renewal)", after, secs)
 		}
+	case err := <-failed:
+		t.Fatalf("the waiter behind the killed one: %v", err)
 	case <-time.After(secs + expiryBound + 2*time.Second):
 		t.Fatal("the waiter behind the killed one was not granted")
 	}
@@ -301,10 +304,12 @@ func stoppedWaiter(t *testing.T, childURL string, stop, cont func(*exec.Cmd) err
 		lines <- line
 	}()
 	granted := make(chan *locker.Lock, 1)
+	failed := make(chan error, 1)
 	go func() {
 		lk, err := ls[1].Acquire(ctx, key, locker.WithTTL(time.Minute))
 		if err != nil {
-			t.Error(err)
+			failed <- err
+			return
 		}
 		granted <- lk
 	}()
@@ -319,10 +324,9 @@ func stoppedWaiter(t *testing.T, childURL string, stop, cont func(*exec.Cmd) err
 	secs := time.Duration(ds[0].waitSecs()) * time.Second
 	var held *locker.Lock
 	select {
+	case err := <-failed:
+		t.Fatalf("the waiter behind the stopped one: %v", err)
 	case held = <-granted:
-		if held == nil {
-			t.FailNow()
-		}
 		t.Logf("the waiter behind the stopped one was granted %v after the stop", time.Since(stopped))
 	case <-time.After(secs + expiryBound + 2*time.Second):
 		t.Fatal("the waiter behind the stopped one was not granted")

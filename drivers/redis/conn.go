@@ -135,12 +135,8 @@ func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []redisc
 	var mu sync.Mutex
 	for t, idx := range groups {
 		wg.Go(func() {
-			part := make([]rediscore.Call, len(idx))
-			for j, i := range idx {
-				part[j] = calls[i]
-			}
 			res := make([]rediscore.Reply, len(idx))
-			batch(ctx, t, rediscore.RefreshTrackedScript, part, res)
+			batch(ctx, t, rediscore.RefreshTrackedScript, pick(calls, idx), res)
 			mu.Lock()
 			defer mu.Unlock()
 			for j, i := range idx {
@@ -157,17 +153,22 @@ func (c *conn) RunBatch(ctx context.Context, s *rediscore.Script, calls []redisc
 	}
 	wg.Wait()
 	if len(rest) > 0 {
-		part := make([]rediscore.Call, len(rest))
-		for j, i := range rest {
-			part[j] = calls[i]
-		}
 		res := make([]rediscore.Reply, len(rest))
-		batch(ctx, c.c, s, part, res)
+		batch(ctx, c.c, s, pick(calls, rest), res)
 		for j, i := range rest {
 			out[i] = res[j]
 		}
 	}
 	return out
+}
+
+// pick returns the calls at the indexes idx, in that order.
+func pick(calls []rediscore.Call, idx []int) []rediscore.Call {
+	part := make([]rediscore.Call, len(idx))
+	for j, i := range idx {
+		part[j] = calls[i]
+	}
+	return part
 }
 
 // batch runs one call of s per element of calls on cl, in one pipeline of
@@ -188,11 +189,7 @@ func batch(ctx context.Context, cl redis.UniversalClient, s *rediscore.Script, c
 	if len(retry) == 0 {
 		return
 	}
-	again := make([]rediscore.Call, len(retry))
-	for j, i := range retry {
-		again[j] = calls[i]
-	}
-	cmds = pipeline(ctx, cl, again, func(p redis.Pipeliner, x rediscore.Call, a []any) *redis.Cmd {
+	cmds = pipeline(ctx, cl, pick(calls, retry), func(p redis.Pipeliner, x rediscore.Call, a []any) *redis.Cmd {
 		return p.Eval(ctx, s.Src, x.Keys, a...)
 	})
 	for j, i := range retry {

@@ -129,8 +129,8 @@
 // Unless allow_eviction=true, each tracking connection also has NOLOOP,
 // and once it is up the Locker's refreshes of the keys its server serves,
 // one by one and batched, run on it with a script that reads the key again
-// after its PEXPIRE: the key stays tracked, the server sends
-// no invalidation for the owner's own refresh, and the watch reads nothing
+// after its PEXPIRE: the key stays tracked, the server sends no
+// invalidation for the owner's own refresh, and the watch reads nothing
 // after it. A refresh that finds the key gone (its read may have expired
 // it, which NOLOOP keeps quiet) has the watch read the key again. NOLOOP
 // would also keep back the invalidation of a key evicted to make room for

@@ -93,20 +93,19 @@
 //
 // On a Locker from Open (a single server, a Cluster or a Sentinel master,
 // unless allow_eviction=true), the tracking client has one connection (per
-// node) with
-// CLIENT TRACKING ON OPTOUT NOLOOP, and the holder's refreshes, one by one
-// and batched, run there too, with a script that reads the key again after
-// its PEXPIRE: the key stays tracked, the server sends this process no
-// invalidation for its own refresh, and the hold watch reads nothing after
-// it. A refresh is then one EVALSHA and no other command. What NOLOOP
-// keeps back the scripts' replies tell instead: a refresh that finds the
-// key gone, or shortens its TTL, wakes this process's waiters of the key
-// and has its hold watch read the key again. NOLOOP would also keep back
-// the invalidation of a key evicted to make room for one of this
-// connection's commands, which is why it needs maxmemory-policy
-// noeviction (what Open checks by default). Redlock, NewWithClientOption
-// and allow_eviction=true keep the refreshes on the script client, and the
-// hold watch reads each key again after them.
+// node) with CLIENT TRACKING ON OPTOUT NOLOOP, and the holder's refreshes,
+// one by one and batched, run there too, with a script that reads the key
+// again after its PEXPIRE: the key stays tracked, the server sends this
+// process no invalidation for its own refresh, and the hold watch reads
+// nothing after it. A refresh is then one EVALSHA and no other command.
+// What NOLOOP keeps back the scripts' replies tell instead: a refresh that
+// finds the key gone, or shortens its TTL, wakes this process's waiters of
+// the key and has its hold watch read the key again. NOLOOP would also keep
+// back the invalidation of a key evicted to make room for one of this
+// connection's commands, which is why it needs maxmemory-policy noeviction
+// (what Open checks by default). Redlock, NewWithClientOption and
+// allow_eviction=true keep the refreshes on the script client, and the hold
+// watch reads each key again after them.
 //
 // # Shared holds
 //

@@ -161,9 +161,10 @@ func openDeployment(ctx context.Context, c *config, w *cscWaiter) (*Locker, erro
 // trackedOptions makes opt's client (the watch client of a single server,
 // Cluster or Sentinel master) track with NOLOOP over a single connection
 // per node, so that the Locker's refreshes can run there and keep their
-// key tracked (conn.tracked): the tracked scripts read the key again after writing it,
-// and NOLOOP spares the connection the invalidation of its own write,
-// which would make the hold watch read the key again after every renewal.
+// key tracked (conn.tracked): the tracked scripts read the key again
+// after writing it, and NOLOOP spares the connection the invalidation of
+// its own write, which would make the hold watch read the key again after
+// every renewal.
 // NOLOOP also withholds an invalidation that a command of this connection
 // causes indirectly: the lazy expiry of a key it touches, which the
 // scripts' replies show (see conn.ownWrite), and an eviction made room for

@@ -3,6 +3,7 @@ package drivertest
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,16 +94,14 @@ func WaitWatched(t testing.TB, do func(args ...string) (any, error), key string)
 // InfoInt returns the integer after name (e.g. "tracking_total_keys:") in
 // an INFO reply, or 0.
 func InfoInt(info, name string) int {
-	for i := 0; i+len(name) <= len(info); i++ {
-		if info[i:i+len(name)] == name {
-			j := i + len(name)
-			k := j
-			for k < len(info) && info[k] >= '0' && info[k] <= '9' {
-				k++
-			}
-			n, _ := strconv.Atoi(info[j:k])
-			return n
-		}
+	_, rest, ok := strings.Cut(info, name)
+	if !ok {
+		return 0
 	}
-	return 0
+	k := 0
+	for k < len(rest) && rest[k] >= '0' && rest[k] <= '9' {
+		k++
+	}
+	n, _ := strconv.Atoi(rest[:k])
+	return n
 }
